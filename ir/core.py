@@ -1,0 +1,610 @@
+"""The data model: Program, Block, Operator, Variable and Parameter (Fluid's ProgramDesc).
+
+Invariants:
+- Variables are frozen values; a Block replaces them (``replace_var``) rather than editing them.
+- Operators and Blocks change only through their methods, and every change bumps the owning
+  Program's ``version`` (analyses cache on it).
+- Ops name variables through slots (slot → list of names); ops of registered types have their slots
+  in schema order and every declared attribute present (defaults filled in), so printing is canonical.
+- Nothing here parses names: relations such as "slice of" or "trainer copy of" are fields.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from ir.errors import IRError
+from ir.ops.registry import (
+    BlockRef,
+    InferContext,
+    VarInfo,
+    VAR_TYPES,
+    DTYPES,
+    check_attr_value,
+    find_op_def,
+    normalize_attr_value,
+    suggest,
+    REQUIRED,
+)
+from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A named tensor slot of a Block. ``shape`` uses -1 for the batch dimension."""
+
+    name: str
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+    type: str = "lod_tensor"
+    persistable: bool = False
+    stop_gradient: bool = False
+    is_data: bool = False
+    # Relations recorded by the passes that create derived variables (never parsed from names).
+    slice_of: str | None = None
+    slice_index: int | None = None
+    slice_offset: int | None = None  # first row (dim 0) of the slice in the original variable
+    copy_of: str | None = None
+    trainer_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise IRError(f"variable name must be a non-empty string, got {self.name!r}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if self.dtype not in DTYPES:
+            raise IRError(f"variable {self.name!r}: unknown dtype {self.dtype!r}", hint=suggest(self.dtype, DTYPES))
+        if self.type not in VAR_TYPES:
+            raise IRError(f"variable {self.name!r}: unknown type {self.type!r}", hint=f"one of {list(VAR_TYPES)}")
+
+    @property
+    def is_parameter(self) -> bool:
+        return False
+
+    def replace(self, **changes: Any) -> "Variable":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Parameter(Variable):
+    """A trainable, persistable Variable, with the attributes the optimizer reads."""
+
+    persistable: bool = True
+    trainable: bool = True
+    learning_rate: float = 1.0  # Fluid's optimize_attr['learning_rate'], a multiplier
+    regularizer: str | None = None  # canonical spec, e.g. "L2Decay(0.001)"
+    gradient_clip: str | None = None  # canonical spec, e.g. "GradientClipByValue(-1.0, 1.0)"
+    is_distributed: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "learning_rate", float(self.learning_rate))
+
+    @property
+    def is_parameter(self) -> bool:
+        return True
+
+
+VarLike = "str | Variable"
+
+
+def _name_of(v: Any) -> str:
+    if isinstance(v, Variable):
+        return v.name
+    if isinstance(v, str):
+        return v
+    raise IRError(f"expected a variable or variable name, got {type(v).__name__} {v!r}")
+
+
+def _names(arg: Any) -> list[str]:
+    if arg is None:
+        return []
+    if isinstance(arg, (list, tuple)):
+        return [_name_of(v) for v in arg]
+    return [_name_of(arg)]
+
+
+class Operator:
+    """One op: ``type``, slot → variable names for inputs and outputs, and typed ``attrs``."""
+
+    __slots__ = ("block", "type", "_inputs", "_outputs", "_attrs")
+
+    def __init__(self, block: "Block", type: str, inputs: dict[str, list[str]],
+                 outputs: dict[str, list[str]], attrs: dict[str, Any]) -> None:
+        self.block = block
+        self.type = type
+        self._inputs = inputs
+        self._outputs = outputs
+        self._attrs = attrs
+
+    # --- reading
+    @property
+    def inputs(self) -> Mapping[str, list[str]]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> Mapping[str, list[str]]:
+        return self._outputs
+
+    @property
+    def attrs(self) -> Mapping[str, Any]:
+        return self._attrs
+
+    def input(self, slot: str) -> list[str]:
+        return list(self._inputs.get(slot, ()))
+
+    def output(self, slot: str) -> list[str]:
+        return list(self._outputs.get(slot, ()))
+
+    @property
+    def input_arg_names(self) -> list[str]:
+        return [n for names in self._inputs.values() for n in names]
+
+    @property
+    def output_arg_names(self) -> list[str]:
+        return [n for names in self._outputs.values() for n in names]
+
+    def has_attr(self, name: str) -> bool:
+        return name in self._attrs
+
+    def attr(self, name: str, default: Any = REQUIRED) -> Any:
+        if name in self._attrs:
+            return self._attrs[name]
+        if default is not REQUIRED:
+            return default
+        raise IRError(f"op {self.type!r} has no attribute {name!r}", hint=suggest(name, self._attrs))
+
+    @property
+    def role(self) -> int:
+        return int(self._attrs.get(OP_ROLE_ATTR, 0))
+
+    @property
+    def role_var(self) -> list[str]:
+        return list(self._attrs.get(OP_ROLE_VAR_ATTR, []))
+
+    @property
+    def idx(self) -> int:
+        """Position of this op in its block."""
+        return self.block.op_index(self)
+
+    # --- mutation (bumps the program version)
+    def set_attr(self, name: str, value: Any) -> None:
+        op_def = find_op_def(self.type)
+        if op_def is not None:
+            ad = op_def.attr_def(name)
+            if ad is None:
+                raise IRError(f"op {self.type!r} has no attribute {name!r}",
+                              hint=suggest(name, [a.name for a in op_def.attrs]))
+            problem = check_attr_value(ad.kind, value)
+            if problem:
+                raise IRError(f"op {self.type!r} attribute {name!r}: {problem}")
+            value = normalize_attr_value(ad.kind, value)
+        self._attrs[name] = value
+        self.block._touch()
+
+    def set_input(self, slot: str, names: Any) -> None:
+        self._inputs[slot] = _names(names)
+        self.block._touch()
+
+    def set_output(self, slot: str, names: Any) -> None:
+        self._outputs[slot] = _names(names)
+        self.block._touch()
+
+    def rename_input(self, old: str, new: str) -> None:
+        for slot, names in self._inputs.items():
+            self._inputs[slot] = [new if n == old else n for n in names]
+        self.block._touch()
+
+    def rename_output(self, old: str, new: str) -> None:
+        for slot, names in self._outputs.items():
+            self._outputs[slot] = [new if n == old else n for n in names]
+        self.block._touch()
+
+    def _rename_everywhere(self, old: str, new: str) -> None:
+        for table in (self._inputs, self._outputs):
+            for slot, names in table.items():
+                if old in names:
+                    table[slot] = [new if n == old else n for n in names]
+        rv = self._attrs.get(OP_ROLE_VAR_ATTR)
+        if rv and old in rv:
+            self._attrs[OP_ROLE_VAR_ATTR] = [new if n == old else n for n in rv]
+
+    def to_string(self) -> str:
+        from ir.printer import format_op
+
+        return format_op(self)
+
+    def __repr__(self) -> str:
+        return self.to_string()
+
+
+class Block:
+    """An ordered set of variables (name → Variable) and a list of ops; ``parent_idx`` is -1 for block 0."""
+
+    def __init__(self, program: "Program", idx: int, parent_idx: int = -1) -> None:
+        self.program = program
+        self.idx = idx
+        self.parent_idx = parent_idx
+        self._vars: dict[str, Variable] = {}
+        self._ops: list[Operator] = []
+
+    def _touch(self) -> None:
+        self.program._version += 1
+
+    # --- variables
+    @property
+    def vars(self) -> Mapping[str, Variable]:
+        return self._vars
+
+    @property
+    def ops(self) -> Sequence[Operator]:
+        return tuple(self._ops)
+
+    @property
+    def parent(self) -> "Block | None":
+        return self.program.block(self.parent_idx) if self.parent_idx >= 0 else None
+
+    def has_var(self, name: str) -> bool:
+        return name in self._vars
+
+    def var(self, name: str) -> Variable:
+        try:
+            return self._vars[name]
+        except KeyError:
+            raise IRError(f"block {self.idx} has no variable {name!r}", hint=suggest(name, self._vars)) from None
+
+    def find_var_recursive(self, name: str) -> Variable | None:
+        """The variable named ``name`` in this block or the nearest ancestor that has it."""
+        block: Block | None = self
+        while block is not None:
+            v = block._vars.get(name)
+            if v is not None:
+                return v
+            block = block.parent
+        return None
+
+    def var_recursive(self, name: str) -> Variable:
+        v = self.find_var_recursive(name)
+        if v is None:
+            raise IRError(f"variable {name!r} is not defined in block {self.idx} or its parents",
+                          hint=suggest(name, self._vars))
+        return v
+
+    def add_var(self, var: Variable) -> Variable:
+        """Add a Variable value; its name must be new in this block."""
+        if var.name in self._vars:
+            raise IRError(f"block {self.idx} already has a variable named {var.name!r}",
+                          hint="use replace_var to change it, or pick another name (ir.unique_name)")
+        self._vars[var.name] = var
+        self._touch()
+        return var
+
+    def create_var(self, name: str | None = None, shape: Sequence[int] = (), dtype: str = "float32",
+                   type: str = "lod_tensor", **fields: Any) -> Variable:
+        """Create a Variable (a fresh ``tmp`` name when ``name`` is None). Creating an existing
+        name returns the existing variable if it is identical, as Fluid's create_var does."""
+        if name is None:
+            from ir.names import unique_name
+
+            name = unique_name("tmp")
+        var = Variable(name=name, shape=tuple(shape), dtype=dtype, type=type, **fields)
+        existing = self._vars.get(name)
+        if existing is not None and existing == var:
+            return existing
+        return self.add_var(var)
+
+    def create_parameter(self, name: str, shape: Sequence[int], dtype: str = "float32", **fields: Any) -> Parameter:
+        param = Parameter(name=name, shape=tuple(shape), dtype=dtype, **fields)
+        self.add_var(param)
+        return param
+
+    def replace_var(self, name: str, **changes: Any) -> Variable:
+        """Replace variable ``name`` by a copy with ``changes`` (its position is kept)."""
+        new = dataclasses.replace(self.var(name), **changes)
+        if new.name != name:
+            raise IRError("replace_var cannot change a name", hint="use rename_var")
+        self._vars[name] = new
+        self._touch()
+        return new
+
+    def set_var(self, var: Variable) -> Variable:
+        """Put ``var`` in place of the variable of the same name, or add it."""
+        self._vars[var.name] = var
+        self._touch()
+        return var
+
+    def remove_var(self, name: str) -> None:
+        self.var(name)
+        del self._vars[name]
+        self._touch()
+
+    def rename_var(self, old: str, new: str) -> Variable:
+        """Rename a variable of this block and every use of it in this block and its sub-blocks
+        (slots and ``op_role_var``)."""
+        self.var(old)
+        if new in self._vars:
+            raise IRError(f"cannot rename {old!r} to {new!r}: block {self.idx} already has {new!r}")
+        items = [(new if k == old else k, dataclasses.replace(v, name=new) if k == old else v)
+                 for k, v in self._vars.items()]
+        self._vars = dict(items)
+        for block in self.program.blocks:
+            if block is self or self._is_ancestor_of(block):
+                if block is not self and old in block._vars:
+                    continue  # shadowed: uses in that block refer to its own variable
+                for op in block._ops:
+                    op._rename_everywhere(old, new)
+        self._touch()
+        return self._vars[new]
+
+    def _is_ancestor_of(self, block: "Block") -> bool:
+        p = block.parent
+        while p is not None:
+            if p is self:
+                return True
+            p = p.parent
+        return False
+
+    # --- ops
+    def op_index(self, op: Operator) -> int:
+        for i, o in enumerate(self._ops):
+            if o is op:
+                return i
+        raise IRError(f"op {op.type!r} is not in block {self.idx}")
+
+    def _make_op(self, type: str, inputs: Mapping[str, Any] | None, outputs: Mapping[str, Any] | None,
+                 attrs: Mapping[str, Any] | None, check: bool) -> Operator:
+        ins = {slot: _names(v) for slot, v in (inputs or {}).items()}
+        outs = {slot: _names(v) for slot, v in (outputs or {}).items()}
+        at = dict(attrs or {})
+        op_def = find_op_def(type)
+        if op_def is not None and check:
+            ins = _order_slots(type, "input", ins, op_def.inputs)
+            outs = _order_slots(type, "output", outs, op_def.outputs)
+            full: dict[str, Any] = {}
+            for ad in op_def.attrs:
+                if ad.name in at:
+                    value = at.pop(ad.name)
+                elif ad.default is not REQUIRED:
+                    value = ad.default
+                else:
+                    raise IRError(f"op {type!r} needs attribute {ad.name!r} ({ad.doc or ad.kind.value})")
+                problem = check_attr_value(ad.kind, value)
+                if problem:
+                    raise IRError(f"op {type!r} attribute {ad.name!r}: {problem}")
+                full[ad.name] = normalize_attr_value(ad.kind, value)
+            if at:
+                bad = next(iter(at))
+                raise IRError(f"op {type!r} has no attribute {bad!r}", hint=suggest(bad, [a.name for a in op_def.attrs]))
+            at = dict(sorted(full.items()))
+        elif check:
+            from ir.ops.registry import get_op_def
+
+            get_op_def(type)  # raises with a close match
+        return Operator(self, type, ins, outs, at)
+
+    def append_op(self, type: str, inputs: Mapping[str, Any] | None = None, outputs: Mapping[str, Any] | None = None,
+                  attrs: Mapping[str, Any] | None = None, *, infer_shape: bool = True) -> Operator:
+        """Append an op of a registered type; outputs' shapes and dtypes are inferred (as Fluid does)
+        unless ``infer_shape`` is false. Persistable outputs keep their declared shape."""
+        return self.insert_op(len(self._ops), type, inputs, outputs, attrs, infer_shape=infer_shape)
+
+    def insert_op(self, index: int, type: str, inputs: Mapping[str, Any] | None = None,
+                  outputs: Mapping[str, Any] | None = None, attrs: Mapping[str, Any] | None = None, *,
+                  infer_shape: bool = True) -> Operator:
+        if not 0 <= index <= len(self._ops):
+            raise IRError(f"insert_op index {index} out of range for block {self.idx} with {len(self._ops)} ops")
+        op = self._make_op(type, inputs, outputs, attrs, check=True)
+        self._ops.insert(index, op)
+        self._touch()
+        if infer_shape:
+            self.infer_op_shapes(op)
+        return op
+
+    def _append_raw_op(self, type: str, inputs: dict[str, list[str]], outputs: dict[str, list[str]],
+                       attrs: dict[str, Any]) -> Operator:
+        """Append an op exactly as given, unchecked (for readers of the text and protobuf forms;
+        the verifier reports what is wrong with it)."""
+        op = Operator(self, type, inputs, outputs, attrs)
+        self._ops.append(op)
+        self._touch()
+        return op
+
+    def remove_op(self, index_or_op: int | Operator) -> None:
+        index = index_or_op if isinstance(index_or_op, int) else self.op_index(index_or_op)
+        if not 0 <= index < len(self._ops):
+            raise IRError(f"remove_op index {index} out of range for block {self.idx} with {len(self._ops)} ops")
+        del self._ops[index]
+        self._touch()
+
+    def infer_op_shapes(self, op: Operator) -> None:
+        """Run ``op``'s shape inference and record the results on its non-persistable outputs."""
+        results = infer_op(op)
+        if results is None:
+            return
+        for slot, infos in results.items():
+            for name, info in zip(op.output(slot), infos):
+                owner = self._owner_of(name)
+                if owner is None:
+                    raise IRError(f"op {op.type!r} output {slot}={name!r} is not a variable of block {self.idx}"
+                                  " or its parents", hint="create the variable (block.create_var) before the op")
+                var = owner._vars[name]
+                if var.persistable:
+                    continue
+                if (var.shape, var.dtype, var.type) != (info.shape, info.dtype, info.type):
+                    owner._vars[name] = dataclasses.replace(var, shape=info.shape, dtype=info.dtype, type=info.type)
+
+    def _owner_of(self, name: str) -> "Block | None":
+        block: Block | None = self
+        while block is not None:
+            if name in block._vars:
+                return block
+            block = block.parent
+        return None
+
+    def __repr__(self) -> str:
+        return f"<Block {self.idx} parent={self.parent_idx} vars={len(self._vars)} ops={len(self._ops)}>"
+
+
+def _order_slots(op_type: str, kind: str, given: dict[str, list[str]], slots: Sequence[Any]) -> dict[str, list[str]]:
+    known = {s.name for s in slots}
+    for slot in given:
+        if slot not in known:
+            raise IRError(f"op {op_type!r} has no {kind} slot {slot!r}", hint=suggest(slot, known) or f"slots: {sorted(known)}")
+    return {s.name: given[s.name] for s in slots if s.name in given}
+
+
+def infer_op(op: Operator) -> dict[str, list[VarInfo]] | None:
+    """Shape inference for ``op`` against its block's variables; None if the op declares none."""
+    op_def = find_op_def(op.type)
+    if op_def is None or op_def.infer is None:
+        return None
+    block = op.block
+    inputs = {slot: [_info(block.var_recursive(n)) for n in names] for slot, names in op.inputs.items()}
+    ctx = InferContext(op.type, inputs, op.attrs, {slot: len(names) for slot, names in op.outputs.items()})
+    op_def.infer(ctx)
+    return ctx.outputs
+
+
+def _info(var: Variable) -> VarInfo:
+    return VarInfo(var.shape, var.dtype, var.type)
+
+
+class Program:
+    """A list of Blocks; block 0 is the global block. ``version`` increases on every mutation."""
+
+    def __init__(self) -> None:
+        self.blocks: list[Block] = [Block(self, 0, -1)]
+        self.random_seed: int = 0
+        self._version = 0
+        self._current_block_idx = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def global_block(self) -> Block:
+        return self.blocks[0]
+
+    def block(self, idx: int) -> Block:
+        if not isinstance(idx, int) or not 0 <= idx < len(self.blocks):
+            raise IRError(f"program has no block {idx!r} (it has {len(self.blocks)} blocks, 0..{len(self.blocks) - 1})")
+        return self.blocks[idx]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    def current_block(self) -> Block:
+        return self.blocks[self._current_block_idx]
+
+    def create_block(self, parent_idx: int | None = None) -> Block:
+        """A new block whose parent is ``parent_idx`` (the current block by default); it becomes current."""
+        parent = self._current_block_idx if parent_idx is None else parent_idx
+        self.block(parent)
+        block = Block(self, len(self.blocks), parent)
+        self.blocks.append(block)
+        self._current_block_idx = block.idx
+        self._version += 1
+        return block
+
+    def rollback(self) -> None:
+        """Make the current block's parent current again (after building a sub-block)."""
+        self._current_block_idx = max(self.current_block().parent_idx, 0)
+
+    def list_vars(self) -> Iterator[Variable]:
+        for block in self.blocks:
+            yield from block.vars.values()
+
+    def all_parameters(self) -> list[Parameter]:
+        return [v for v in self.global_block().vars.values() if isinstance(v, Parameter)]
+
+    def clone(self, for_test: bool = False) -> "Program":
+        """A deep copy (variables are immutable values and are shared). ``for_test`` keeps only
+        forward ops (as Fluid's ``clone(for_test=True)`` prunes backward and optimize ops)."""
+        new = Program()
+        new.random_seed = self.random_seed
+        new.blocks = []
+        for b in self.blocks:
+            nb = Block(new, b.idx, b.parent_idx)
+            nb._vars = dict(b._vars)
+            nb._ops = [
+                Operator(nb, op.type, {k: list(v) for k, v in op._inputs.items()},
+                         {k: list(v) for k, v in op._outputs.items()}, _copy_attrs(op._attrs))
+                for op in b._ops
+                if not for_test or op.role in (0, 256)
+            ]
+            new.blocks.append(nb)
+        return new
+
+    def to_string(self) -> str:
+        from ir.printer import format_program
+
+        return format_program(self)
+
+    def __str__(self) -> str:
+        return self.to_string()
+
+    def __repr__(self) -> str:
+        return f"<Program blocks={len(self.blocks)} version={self._version}>"
+
+
+def _copy_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, list) else v for k, v in attrs.items()}
+
+
+# --- default programs ---------------------------------------------------------------------------
+_main_program = Program()
+_startup_program = Program()
+
+
+def default_main_program() -> Program:
+    return _main_program
+
+
+def default_startup_program() -> Program:
+    return _startup_program
+
+
+def switch_main_program(program: Program) -> Program:
+    global _main_program
+    old, _main_program = _main_program, program
+    return old
+
+
+def switch_startup_program(program: Program) -> Program:
+    global _startup_program
+    old, _startup_program = _startup_program, program
+    return old
+
+
+@contextlib.contextmanager
+def program_guard(main_program: Program, startup_program: Program | None = None) -> Iterator[None]:
+    """Make ``main_program`` (and ``startup_program`` if given) the defaults inside the block."""
+    if not isinstance(main_program, Program):
+        raise IRError(f"program_guard needs a Program as main_program, got {type(main_program).__name__}")
+    if startup_program is not None and not isinstance(startup_program, Program):
+        raise IRError(f"program_guard needs a Program as startup_program, got {type(startup_program).__name__}")
+    old_main = switch_main_program(main_program)
+    old_startup = switch_startup_program(startup_program) if startup_program is not None else None
+    try:
+        yield
+    finally:
+        switch_main_program(old_main)
+        if old_startup is not None:
+            switch_startup_program(old_startup)
+
+
+def block_refs(value: Any) -> list[int]:
+    """Block indices referenced by an attribute value."""
+    if isinstance(value, BlockRef):
+        return [value.idx]
+    if isinstance(value, list):
+        return [v.idx for v in value if isinstance(v, BlockRef)]
+    return []
+
+
+def iter_ops(program: Program) -> Iterable[tuple[Block, int, Operator]]:
+    for block in program.blocks:
+        for i, op in enumerate(block.ops):
+            yield block, i, op

@@ -1,0 +1,78 @@
+"""Variable naming helpers and the ``unique_name`` generator.
+
+Names are produced only here. A name never carries meaning alone: whoever creates a derived variable
+(a gradient, a slice, a per-trainer copy) also records the relation on the Variable
+(``slice_of``/``slice_index``/``slice_offset``, ``copy_of``/``trainer_id``), and passes read that.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import defaultdict
+from typing import Iterator
+
+GRAD_SUFFIX = "@GRAD"
+EMPTY_VAR_NAME = "@EMPTY@"
+LR_DECAY_COUNTER = "@LR_DECAY_COUNTER@"
+
+
+def grad_name(name: str) -> str:
+    """``fc_w`` → ``fc_w@GRAD``."""
+    return name + GRAD_SUFFIX
+
+
+def block_name(name: str, index: int) -> str:
+    """The name of slice ``index`` of a sliced variable: ``fc_w`` → ``fc_w.block1``."""
+    return f"{name}.block{index}"
+
+
+def trainer_copy_name(name: str, trainer_id: int) -> str:
+    """The name of a trainer's copy of a gradient on a pserver: ``g.block0`` → ``g.block0.trainer_3``."""
+    return f"{name}.trainer_{trainer_id}"
+
+
+class UniqueNameGenerator:
+    """Hands out ``prefix_N`` names, counting per prefix."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+        self._ids: defaultdict[str, int] = defaultdict(int)
+        self._lock = threading.Lock()
+
+    def __call__(self, key: str) -> str:
+        with self._lock:
+            n = self._ids[key]
+            self._ids[key] = n + 1
+        return f"{self.prefix}{key}_{n}"
+
+
+class _UniqueName:
+    def __init__(self) -> None:
+        self.generator = UniqueNameGenerator()
+
+    def generate(self, key: str) -> str:
+        """A fresh name ``key_N``."""
+        return self.generator(key)
+
+    def __call__(self, key: str) -> str:
+        return self.generate(key)
+
+    def switch(self, new_generator: UniqueNameGenerator | None = None) -> UniqueNameGenerator:
+        """Install ``new_generator`` (a fresh one by default); returns the previous one."""
+        old = self.generator
+        self.generator = new_generator if new_generator is not None else UniqueNameGenerator()
+        return old
+
+    @contextlib.contextmanager
+    def guard(self, new_generator: UniqueNameGenerator | str | None = None) -> Iterator[None]:
+        """Use a fresh generator (or one with a string prefix) inside the ``with`` block."""
+        if isinstance(new_generator, str):
+            new_generator = UniqueNameGenerator(new_generator)
+        old = self.switch(new_generator)
+        try:
+            yield
+        finally:
+            self.switch(old)
+
+
+unique_name = _UniqueName()
