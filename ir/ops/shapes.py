@@ -56,3 +56,38 @@ def broadcast_shape(ctx: InferContext, x: Sequence[int], y: Sequence[int], axis:
 def dtype_str(code_or_name: object) -> str:
     """A dtype attribute value (Fluid uses enum ints; we store numpy names) as a numpy name."""
     return str(code_or_name)
+
+
+# A variable of type ``raw`` holds no tensor (a control dependency, an NCCL id): by convention it is
+# declared with shape [] and dtype float32, and shape inference sets exactly this on such outputs.
+RAW_INFO = VarInfo((), "float32", "raw")
+
+
+def set_raw(ctx: InferContext, slot: str) -> None:
+    """Mark every variable of output ``slot`` (if any) as a ``raw`` variable (``RAW_INFO``)."""
+    ctx.set_output(slot, RAW_INFO)
+
+
+def normalize_axis(ctx: InferContext, axis: int, rank: int, what: str = "axis") -> int:
+    """``axis`` in ``[-rank, rank)`` as a non-negative index; anything else fails naming the value."""
+    if not -rank <= axis < rank:
+        ctx.fail(f"{what}={axis} is out of range for rank {rank}; expected {-rank} <= {what} < {rank}")
+    return axis % rank
+
+
+def merge_dim(a: int, b: int) -> int:
+    """The better-known of two extents that agree (``dim_eq``): a known one wins over -1."""
+    return a if a >= 0 else b
+
+
+def check_same_shape(ctx: InferContext, a_name: str, a: Sequence[int], b_name: str, b: Sequence[int]) -> tuple[int, ...]:
+    """Fail unless shapes ``a`` and ``b`` agree dim by dim (-1 matches anything); the merged shape."""
+    if len(a) != len(b) or not all(dim_eq(x, y) for x, y in zip(a, b)):
+        ctx.fail(f"{a_name}{list(a)} and {b_name}{list(b)} must have the same shape")
+    return tuple(merge_dim(x, y) for x, y in zip(a, b))
+
+
+def check_dtype(ctx: InferContext, what: str, dtype: str, allowed: Sequence[str]) -> None:
+    """Fail unless ``dtype`` is one of ``allowed``."""
+    if dtype not in allowed:
+        ctx.fail(f"{what} has dtype {dtype}; expected one of {list(allowed)}")

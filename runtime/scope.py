@@ -1,0 +1,109 @@
+"""Scope (name → value) and SelectedRows, the sparse gradient value.
+
+A Scope holds jax arrays (or SelectedRows) by variable name; child scopes see their parent's variables.
+SelectedRows is a JAX pytree, so it flows through ``jax.jit`` like any array: ``rows`` are row indices
+into a ``height``-row dense tensor (duplicates allowed: they add up), ``values`` holds one row each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import jax
+import numpy as np
+
+from ir.errors import FlotillaError
+from ir.ops.registry import suggest
+
+
+class RuntimeError_(FlotillaError):
+    code = "E600"
+
+
+ExecutionError = RuntimeError_
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclass
+class SelectedRows:
+    rows: Any  # int64 [n]
+    values: Any  # [n, *row_shape]
+    height: int
+
+    def tree_flatten(self) -> tuple[tuple[Any, Any], int]:
+        return (self.rows, self.values), self.height
+
+    @classmethod
+    def tree_unflatten(cls, height: int, children: tuple[Any, Any]) -> "SelectedRows":
+        return cls(children[0], children[1], height)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.height, *self.values.shape[1:])
+
+    @property
+    def dtype(self) -> Any:
+        return self.values.dtype
+
+    def to_dense(self) -> Any:
+        import jax.numpy as jnp
+
+        dense = jnp.zeros(self.shape, self.values.dtype)
+        return dense.at[self.rows].add(self.values)
+
+
+class Scope:
+    """Variables by name. ``find_var`` looks in parent scopes too; ``set_var`` writes here."""
+
+    def __init__(self, parent: "Scope | None" = None) -> None:
+        self.parent = parent
+        self._vars: dict[str, Any] = {}
+
+    def set_var(self, name: str, value: Any) -> None:
+        self._vars[name] = value
+
+    def find_var(self, name: str) -> Any | None:
+        scope: Scope | None = self
+        while scope is not None:
+            if name in scope._vars:
+                return scope._vars[name]
+            scope = scope.parent
+        return None
+
+    def has_var(self, name: str) -> bool:
+        return self.find_var(name) is not None
+
+    def var(self, name: str) -> Any:
+        value = self.find_var(name)
+        if value is None:
+            raise ExecutionError(f"variable {name!r} is not in the scope", hint=suggest(name, self.local_var_names()))
+        return value
+
+    def erase(self, names: list[str]) -> None:
+        for n in names:
+            self._vars.pop(n, None)
+
+    def local_var_names(self) -> list[str]:
+        return list(self._vars)
+
+    def new_scope(self) -> "Scope":
+        return Scope(self)
+
+    def __contains__(self, name: str) -> bool:
+        return self.has_var(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._vars)
+
+    def numpy(self, name: str) -> np.ndarray:
+        value = self.var(name)
+        if isinstance(value, SelectedRows):
+            value = value.to_dense()
+        return np.asarray(value)
+
+
+_global_scope = Scope()
+
+
+def global_scope() -> Scope:
+    return _global_scope
