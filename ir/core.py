@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ir.errors import IRError
+from ir.names import EMPTY_VAR_NAME
 from ir.ops.registry import (
     BlockRef,
     InferContext,
@@ -398,7 +399,11 @@ class Block:
         self._ops.insert(index, op)
         self._touch()
         if infer_shape:
-            self.infer_op_shapes(op)
+            try:
+                self.infer_op_shapes(op)
+            except BaseException:
+                self._ops.remove(op)  # a refused op leaves the block as it was
+                raise
         return op
 
     def _append_raw_op(self, type: str, inputs: dict[str, list[str]], outputs: dict[str, list[str]],
@@ -424,6 +429,8 @@ class Block:
             return
         for slot, infos in results.items():
             for name, info in zip(op.output(slot), infos):
+                if name == EMPTY_VAR_NAME:
+                    continue
                 owner = self._owner_of(name)
                 if owner is None:
                     raise IRError(f"op {op.type!r} output {slot}={name!r} is not a variable of block {self.idx}"

@@ -442,8 +442,11 @@ def attr_kind_of_value(value: Any) -> AttrKind:
     if isinstance(value, (list, tuple)):
         if not value:
             return AttrKind.STRINGS
+        element = attr_kind_of_value(value[0])
+        if element.is_list:
+            raise IRError(f"nested list attribute values are not supported: {value!r}")
         return {AttrKind.BOOL: AttrKind.BOOLS, AttrKind.INT: AttrKind.INTS, AttrKind.FLOAT: AttrKind.FLOATS,
-                AttrKind.STRING: AttrKind.STRINGS, AttrKind.BLOCK: AttrKind.BLOCKS}[attr_kind_of_value(value[0])]
+                AttrKind.STRING: AttrKind.STRINGS, AttrKind.BLOCK: AttrKind.BLOCKS}[element]
     raise IRError(f"unsupported attribute value {value!r} of type {type(value).__name__}")
 
 

@@ -1,0 +1,413 @@
+"""Saving and loading variables: the on-disk format and Fluid's ``save_vars`` / ``load_vars`` family.
+
+On-disk format (version 1; every integer little-endian)
+-------------------------------------------------------
+A **variable record** holds one variable::
+
+    offset 0   8 bytes   magic b"FLOTVAR\\0"
+    offset 8   uint32    format version (1)
+    offset 12  uint32    H, the length of the header
+    offset 16  H bytes   header: UTF-8 JSON object with
+                           "name"   the variable's name (informative: a load op fills its own Out),
+                           "type"   "lod_tensor" or "selected_rows",
+                           "dtype"  numpy dtype name, one of ir.ops.registry.DTYPES,
+                           "shape"  the dense tensor's shape; for selected_rows the values' shape
+                                    [nrows, *row_shape],
+                           "height" (selected_rows only) rows of the dense tensor,
+                           "nbytes" payload length, "crc32" zlib.crc32 of the payload
+    offset 16+H          payload: for selected_rows the rows (int64, nrows of them), then the values;
+                         else the tensor; raw C-order little-endian bytes
+
+With ``save_vars(..., filename=...)`` (op ``save_combine``) every variable goes into one **archive**::
+
+    offset 0   8 bytes   magic b"FLOTARC\\0"
+    offset 8   uint32    format version (1)
+    offset 12  uint32    I, the length of the index
+    offset 16  I bytes   index: UTF-8 JSON {"vars": [{"name", "offset", "length"}, ...]}, offsets counted
+                         from the end of the index
+    offset 16+I          the variable records, one after the other
+
+Without ``filename`` each variable is one file in ``dirname`` named ``var_filename(name)``: the name with
+``%``, ``/`` and every character other than letters, digits, ``@ . _ -`` percent-encoded (and a leading
+``.`` too), so the mapping is reversible (``name_from_filename``).
+
+Invariants:
+- The round trip is bit-exact (raw bytes, NaN payloads included) for every dtype and for SelectedRows.
+- Files are written to a temporary name and renamed, so a crash never leaves a half-written file
+  under the final name.
+- Every failure is an ExecutionError naming the variable and the file and saying what was expected: a
+  missing file, a variable missing from the scope on save, a type / dtype / shape that disagrees with
+  the program's declaration on load (-1 matches any extent), a corrupt or truncated file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from typing import Any, Callable, Iterable, Sequence
+from urllib.parse import quote, unquote
+
+import jax.numpy as jnp
+import numpy as np
+
+from ir.core import Program, Variable, default_main_program
+from ir.ops.registry import DTYPES
+from runtime.scope import ExecutionError, Scope, SelectedRows
+
+FORMAT_VERSION = 1
+VAR_MAGIC = b"FLOTVAR\0"
+ARCHIVE_MAGIC = b"FLOTARC\0"
+_PREFIX = struct.Struct("<8sII")  # magic, version, header/index length
+
+__all__ = [
+    "FORMAT_VERSION", "check_declared", "decode_var", "encode_var", "is_parameter", "is_persistable",
+    "load_params", "load_persistables", "load_vars", "name_from_filename", "read_archive", "read_var_file",
+    "save_params", "save_persistables", "save_vars", "var_filename", "write_archive", "write_var_file",
+]
+
+
+# --- file names
+def var_filename(name: str) -> str:
+    """The file name a variable is saved under: reversible and safe on every filesystem we target."""
+    encoded = quote(name, safe="@._-")
+    if encoded.startswith("."):
+        encoded = "%2E" + encoded[1:]
+    return encoded
+
+
+def name_from_filename(filename: str) -> str:
+    """The variable name ``var_filename`` encoded into ``filename``."""
+    return unquote(filename)
+
+
+# --- encoding
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(jnp.dtype(name))  # jnp knows bfloat16 (ml_dtypes) where numpy does not
+
+
+def _le_bytes(arr: np.ndarray) -> bytes:
+    arr = np.ascontiguousarray(arr)
+    return arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes(order="C")
+
+
+def _host_array(value: Any, name: str, what: str) -> np.ndarray:
+    arr = np.asarray(value)
+    if str(arr.dtype) not in DTYPES:
+        raise ExecutionError(f"cannot save variable {name!r}: {what} has dtype {arr.dtype}, "
+                             f"expected one of {list(DTYPES)}")
+    return arr
+
+
+def encode_var(name: str, value: Any) -> bytes:
+    """One variable record (see the module docstring) for an array or SelectedRows ``value``."""
+    if isinstance(value, SelectedRows):
+        rows = np.asarray(value.rows).astype(np.int64).reshape(-1)
+        values = _host_array(value.values, name, "the SelectedRows values")
+        if values.ndim == 0 or values.shape[0] != rows.shape[0]:
+            raise ExecutionError(f"cannot save variable {name!r}: SelectedRows has {rows.shape[0]} rows but "
+                                 f"values of shape {list(values.shape)}; expected one value row per row")
+        payload = _le_bytes(rows) + _le_bytes(values)
+        header = {"name": name, "type": "selected_rows", "dtype": str(values.dtype),
+                  "shape": list(values.shape), "height": int(value.height)}
+    else:
+        arr = _host_array(value, name, "the tensor")
+        payload = _le_bytes(arr)
+        header = {"name": name, "type": "lod_tensor", "dtype": str(arr.dtype), "shape": list(arr.shape)}
+    header["nbytes"] = len(payload)
+    header["crc32"] = zlib.crc32(payload)
+    head = json.dumps(header, sort_keys=True).encode("utf-8")
+    return _PREFIX.pack(VAR_MAGIC, FORMAT_VERSION, len(head)) + head + payload
+
+
+def _corrupt(name: str, path: str, problem: str) -> ExecutionError:
+    return ExecutionError(f"cannot load variable {name!r} from {path}: {problem}",
+                          hint="the file is corrupt or truncated, or not written by runtime.io; save it again")
+
+
+def _read_prefix(data: bytes | memoryview, magic: bytes, name: str, path: str, what: str) -> tuple[int, int]:
+    """Check magic and version; return (length field, offset after the prefix)."""
+    if len(data) < _PREFIX.size:
+        raise _corrupt(name, path, f"the file has {len(data)} bytes, fewer than the {_PREFIX.size}-byte "
+                                   f"{what} prefix")
+    got_magic, version, length = _PREFIX.unpack_from(data, 0)
+    if got_magic != magic:
+        raise _corrupt(name, path, f"bad magic {bytes(got_magic)!r}, expected {magic!r} (a {what})")
+    if version != FORMAT_VERSION:
+        raise _corrupt(name, path, f"format version {version}, expected {FORMAT_VERSION}")
+    if _PREFIX.size + length > len(data):
+        raise _corrupt(name, path, f"the {what} header needs {length} bytes but only "
+                                   f"{len(data) - _PREFIX.size} follow the prefix (truncated)")
+    return length, _PREFIX.size
+
+
+def _json(raw: bytes | memoryview, name: str, path: str, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(bytes(raw).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _corrupt(name, path, f"the {what} is not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise _corrupt(name, path, f"the {what} is a JSON {type(obj).__name__}, expected an object")
+    return obj
+
+
+def _field(header: dict[str, Any], key: str, kind: type | tuple[type, ...], name: str, path: str) -> Any:
+    value = header.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise _corrupt(name, path, f"header field {key!r} is {value!r}, expected a {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def decode_var(data: bytes | memoryview, *, name: str, path: str) -> Any:
+    """The array (numpy, read-only) or SelectedRows of numpy arrays in one variable record.
+
+    ``name`` and ``path`` are used in error messages only.
+    """
+    data = memoryview(data)
+    head_len, start = _read_prefix(data, VAR_MAGIC, name, path, "variable record")
+    header = _json(data[start:start + head_len], name, path, "header")
+    var_type = _field(header, "type", str, name, path)
+    dtype_name = _field(header, "dtype", str, name, path)
+    shape = _field(header, "shape", list, name, path)
+    nbytes = _field(header, "nbytes", int, name, path)
+    crc = _field(header, "crc32", int, name, path)
+    if dtype_name not in DTYPES:
+        raise _corrupt(name, path, f"unknown dtype {dtype_name!r}, expected one of {list(DTYPES)}")
+    if var_type not in ("lod_tensor", "selected_rows"):
+        raise _corrupt(name, path, f"unknown variable type {var_type!r}, expected lod_tensor or selected_rows")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise _corrupt(name, path, f"bad shape {shape!r}, expected non-negative integers")
+    dtype = _dtype(dtype_name)
+    numel = int(np.prod(shape, dtype=np.int64))
+    sparse = var_type == "selected_rows"
+    nrows = shape[0] if sparse and shape else 0
+    if sparse and not shape:
+        raise _corrupt(name, path, "a selected_rows record has a 0-d values shape, expected [nrows, ...]")
+    expected = numel * dtype.itemsize + (nrows * 8 if sparse else 0)
+    payload = data[start + head_len:]
+    if nbytes != expected:
+        raise _corrupt(name, path, f"header says {nbytes} payload bytes but dtype {dtype_name} and shape "
+                                   f"{shape} need {expected}")
+    if len(payload) != expected:
+        state = "truncated" if len(payload) < expected else "has trailing bytes"
+        raise _corrupt(name, path, f"the payload has {len(payload)} bytes, expected {expected} ({state})")
+    if zlib.crc32(payload) != crc:
+        raise _corrupt(name, path, "the payload checksum (crc32) does not match the header")
+    le = dtype.newbyteorder("<")
+    if sparse:
+        height = _field(header, "height", int, name, path)
+        rows = np.frombuffer(payload[: nrows * 8], dtype="<i8").astype(np.int64, copy=False)
+        values = np.frombuffer(payload[nrows * 8:], dtype=le).astype(dtype, copy=False).reshape(shape)
+        return SelectedRows(rows, values, height)
+    return np.frombuffer(payload, dtype=le).astype(dtype, copy=False).reshape(shape)
+
+
+# --- files
+def _write_atomic(path: str, data: bytes, overwrite: bool, name: str) -> None:
+    if not overwrite and os.path.exists(path):
+        raise ExecutionError(f"cannot save variable {name!r}: {path} exists and overwrite is false",
+                             hint="remove the file, or save with overwrite=True")
+    folder = os.path.dirname(path)
+    try:
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ExecutionError(f"cannot save variable {name!r} to {path}: {e.strerror or e}") from None
+
+
+def _read_file(path: str, name: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ExecutionError(f"cannot load variable {name!r}: {what} {path} does not exist",
+                             hint="check dirname/filename, and that the variables were saved there") from None
+    except OSError as e:
+        raise ExecutionError(f"cannot load variable {name!r} from {path}: {e.strerror or e}") from None
+
+
+def write_var_file(path: str, name: str, value: Any, overwrite: bool = True) -> None:
+    """Write one variable record to ``path``."""
+    _write_atomic(path, encode_var(name, value), overwrite, name)
+
+
+def read_var_file(path: str, name: str) -> Any:
+    """Read the variable record at ``path`` (``name``: for error messages)."""
+    return decode_var(_read_file(path, name, "file"), name=name, path=path)
+
+
+def write_archive(path: str, items: Sequence[tuple[str, Any]], overwrite: bool = True) -> None:
+    """Write ``(name, value)`` pairs into one archive at ``path``."""
+    names = [n for n, _ in items]
+    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if dup is not None:
+        raise ExecutionError(f"cannot save variable {dup!r} twice into the archive {path}",
+                             hint="list each variable once")
+    records = [encode_var(n, v) for n, v in items]
+    entries, offset = [], 0
+    for n, rec in zip(names, records):
+        entries.append({"length": len(rec), "name": n, "offset": offset})
+        offset += len(rec)
+    index = json.dumps({"vars": entries}, sort_keys=True).encode("utf-8")
+    data = b"".join([_PREFIX.pack(ARCHIVE_MAGIC, FORMAT_VERSION, len(index)), index, *records])
+    _write_atomic(path, data, overwrite, names[0] if names else "<none>")
+
+
+def read_archive(path: str, names: Sequence[str]) -> dict[str, Any]:
+    """The variables ``names`` from the archive at ``path``, by name."""
+    first = names[0] if names else "<none>"
+    data = memoryview(_read_file(path, first, "archive"))
+    index_len, start = _read_prefix(data, ARCHIVE_MAGIC, first, path, "archive")
+    index = _json(data[start:start + index_len], first, path, "archive index")
+    entries = index.get("vars")
+    if not isinstance(entries, list):
+        raise _corrupt(first, path, "the archive index has no 'vars' list")
+    body = data[start + index_len:]
+    where: dict[str, tuple[int, int]] = {}
+    for e in entries:
+        if not isinstance(e, dict):
+            raise _corrupt(first, path, f"archive index entry {e!r} is not an object")
+        n = _field(e, "name", str, first, path)
+        off = _field(e, "offset", int, n, path)
+        length = _field(e, "length", int, n, path)
+        where[n] = (off, length)
+    out: dict[str, Any] = {}
+    for n in names:
+        if n not in where:
+            raise ExecutionError(f"cannot load variable {n!r}: the archive {path} does not hold it",
+                                 hint=f"it holds {sorted(where)[:20]}")
+        off, length = where[n]
+        if off < 0 or length < 0 or off + length > len(body):
+            raise _corrupt(n, path, f"its record spans bytes {off}..{off + length} of the archive body, "
+                                    f"which has {len(body)} bytes (truncated)")
+        out[n] = decode_var(body[off:off + length], name=n, path=path)
+    return out
+
+
+def check_declared(var: Variable, value: Any, path: str) -> None:
+    """Raise unless a loaded ``value`` agrees with ``var``'s declared type, dtype and shape."""
+    sparse = isinstance(value, SelectedRows)
+    found_type = "selected_rows" if sparse else "lod_tensor"
+    if var.type in ("lod_tensor", "selected_rows") and var.type != found_type:
+        raise ExecutionError(f"cannot load variable {var.name!r} from {path}: the file holds a {found_type}, "
+                             f"the program declares a {var.type}",
+                             hint="load the file saved for this variable")
+    dtype = str(value.dtype)
+    if dtype != var.dtype:
+        raise ExecutionError(f"cannot load variable {var.name!r} from {path}: the file holds dtype {dtype}, "
+                             f"the program declares {var.dtype}",
+                             hint="load the file saved for this variable, or fix its declared dtype")
+    shape = tuple(value.shape)
+    if len(shape) != len(var.shape) or any(d >= 0 and d != s for d, s in zip(var.shape, shape)):
+        raise ExecutionError(f"cannot load variable {var.name!r} from {path}: the file holds shape {list(shape)}, "
+                             f"the program declares {list(var.shape)} (-1: any)",
+                             hint="load the file saved for this variable, or fix its declared shape")
+
+
+# --- Fluid's API
+def is_persistable(var: Variable) -> bool:
+    """Fluid's predicate: persistable variables, except raw ones (RPC handles, readers)."""
+    return var.persistable and var.type != "raw"
+
+
+def is_parameter(var: Variable) -> bool:
+    return var.is_parameter
+
+
+def _select(program: Program, vars: Iterable[Any] | None, predicate: Callable[[Variable], bool] | None) -> list[Variable]:
+    block = program.global_block()
+    if vars is None:
+        chosen: Iterable[Variable] = (v for v in program.list_vars() if predicate is None or predicate(v))
+    else:
+        chosen = (v if isinstance(v, Variable) else block.var_recursive(v) for v in vars)
+    out: dict[str, Variable] = {}
+    for v in chosen:
+        out.setdefault(v.name, v)
+    return list(out.values())
+
+
+def _io_program(variables: list[Variable]) -> Program:
+    prog = Program()
+    block = prog.global_block()
+    for v in variables:
+        block.add_var(v)
+    return prog
+
+
+def _executor(executor: Any) -> Any:
+    if executor is None:
+        from runtime.executor import Executor
+
+        return Executor()
+    return executor
+
+
+def save_vars(executor: Any, dirname: str, main_program: Program | None = None, vars: Iterable[Any] | None = None,
+              predicate: Callable[[Variable], bool] | None = None, filename: str | None = None, *,
+              scope: Scope | None = None) -> None:
+    """Save ``vars`` (Variables or names), or the variables of ``main_program`` that ``predicate`` accepts
+    (all when None), from ``scope`` (default ``runtime.global_scope()``) into ``dirname``: one file each,
+    or one archive ``filename``. Runs ``save`` / ``save_combine`` ops on ``executor``."""
+    program = main_program if main_program is not None else default_main_program()
+    variables = _select(program, vars, predicate)
+    if not variables:
+        return
+    prog = _io_program(variables)
+    block = prog.global_block()
+    if filename is None:
+        for v in variables:
+            block.append_op("save", inputs={"X": [v.name]},
+                            attrs={"file_path": os.path.join(dirname, var_filename(v.name))}, infer_shape=False)
+    else:
+        block.append_op("save_combine", inputs={"X": [v.name for v in variables]},
+                        attrs={"file_path": os.path.join(dirname, filename)}, infer_shape=False)
+    _executor(executor).run(prog, scope=scope)
+
+
+def load_vars(executor: Any, dirname: str, main_program: Program | None = None, vars: Iterable[Any] | None = None,
+              predicate: Callable[[Variable], bool] | None = None, filename: str | None = None, *,
+              scope: Scope | None = None) -> None:
+    """Load what ``save_vars`` with the same arguments saved into ``scope`` (default
+    ``runtime.global_scope()``), checking each value against its declaration in ``main_program``."""
+    program = main_program if main_program is not None else default_main_program()
+    variables = _select(program, vars, predicate)
+    if not variables:
+        return
+    prog = _io_program(variables)
+    block = prog.global_block()
+    if filename is None:
+        for v in variables:
+            block.append_op("load", outputs={"Out": [v.name]},
+                            attrs={"file_path": os.path.join(dirname, var_filename(v.name))}, infer_shape=False)
+    else:
+        block.append_op("load_combine", outputs={"Out": [v.name for v in variables]},
+                        attrs={"file_path": os.path.join(dirname, filename)}, infer_shape=False)
+    _executor(executor).run(prog, scope=scope)
+
+
+def save_params(executor: Any, dirname: str, main_program: Program | None = None, filename: str | None = None,
+                *, scope: Scope | None = None) -> None:
+    """Save every parameter of ``main_program``."""
+    save_vars(executor, dirname, main_program, predicate=is_parameter, filename=filename, scope=scope)
+
+
+def load_params(executor: Any, dirname: str, main_program: Program | None = None, filename: str | None = None,
+                *, scope: Scope | None = None) -> None:
+    """Load every parameter of ``main_program``."""
+    load_vars(executor, dirname, main_program, predicate=is_parameter, filename=filename, scope=scope)
+
+
+def save_persistables(executor: Any, dirname: str, main_program: Program | None = None,
+                      filename: str | None = None, *, scope: Scope | None = None) -> None:
+    """Save every persistable variable of ``main_program`` (parameters, accumulators, learning rates)."""
+    save_vars(executor, dirname, main_program, predicate=is_persistable, filename=filename, scope=scope)
+
+
+def load_persistables(executor: Any, dirname: str, main_program: Program | None = None,
+                      filename: str | None = None, *, scope: Scope | None = None) -> None:
+    """Load every persistable variable of ``main_program``."""
+    load_vars(executor, dirname, main_program, predicate=is_persistable, filename=filename, scope=scope)

@@ -1,0 +1,1 @@
+"""Tests of the runtime: kernels, Scope, Executor and io."""
