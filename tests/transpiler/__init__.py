@@ -1,0 +1,1 @@
+"""Tests of the transpiler package and the ``flotilla`` command-line tool."""
