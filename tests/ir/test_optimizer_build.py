@@ -23,8 +23,10 @@ from ir.clip import (
 )
 from ir.core import Operator, Parameter, Program, Variable, program_guard
 from ir.errors import IRError
+from ir import layers
 from ir import learning_rate as lrs
 from ir.names import LR_DECAY_COUNTER, grad_name, unique_name
+from ir.param_attr import ParamAttr
 from ir.optimizer import SGD, Adagrad, Adam, DecayedAdagrad, Ftrl, Momentum, RMSProp
 from ir.regularizer import L1Decay, L2Decay, append_regularization_ops, regularizer_from_spec
 from ir.roles import OpRole
@@ -477,7 +479,6 @@ def test_schedule_argument_errors() -> None:
 
 def test_basic_model_minimize() -> None:
     """Fluid's TestBasicModel: fc(1000) on x[1000], square error cost, mean, SGD(0.1).minimize."""
-    layers = pytest.importorskip("ir.layers", reason="ir.layers is not written yet")
     main, startup = Program(), Program()
     with program_guard(main, startup):
         x = layers.data(name="x", shape=[1000], dtype="float32")
@@ -498,3 +499,62 @@ def test_basic_model_minimize() -> None:
     assert sops[2].attr("min") == pytest.approx(-limit) and sops[2].attr("max") == pytest.approx(limit)
     assert sops[0].attr("value") == pytest.approx(0.1) and sops[1].attr("value") == 0.0
     assert collect_problems(main) == [] and collect_problems(startup) == []
+
+
+def _fc_net(param_attr: Any, bias_attr: Any) -> tuple[Program, Program, Variable]:
+    main, startup = Program(), Program()
+    with program_guard(main, startup):
+        x = layers.data(name="x", shape=[8], dtype="float32")
+        y = layers.data(name="y", shape=[1], dtype="float32")
+        pred = layers.fc(input=x, size=4, act=None, param_attr=param_attr, bias_attr=bias_attr)
+        pred = layers.fc(input=pred, size=1, act=None, param_attr="out_w", bias_attr="out_b")
+        loss = layers.mean(layers.square_error_cost(input=pred, label=y))
+    return main, startup, loss
+
+
+def test_minimize_with_param_attrs_schedule_clip_and_regularization(golden: Any) -> None:
+    """ParamAttr regularizer/clip objects reach the optimizer through the Parameter's spec strings."""
+    main, startup, loss = _fc_net(
+        ParamAttr(name="fc_w", regularizer=L1Decay(0.01), gradient_clip=GradientClipByValue(0.5), learning_rate=2.0),
+        ParamAttr(name="fc_b", gradient_clip=GradientClipByGlobalNorm(1.0)))
+    with program_guard(main, startup):
+        lr = lrs.exponential_decay(0.1, decay_steps=100, decay_rate=0.9, staircase=True)
+        ops, params_grads = Adam(lr, regularization=L2Decay(1e-4)).minimize(
+            loss, grad_clip=GradientClipByGlobalNorm(1.0))
+    block = main.global_block()
+    assert block.ops[0].type == "increment"
+    adam = [op for op in ops if op.type == "adam"]
+    assert [op.input("Param")[0] for op in adam] == ["fc_b", "fc_w", "out_b", "out_w"]
+    # fc_w: its own clip (by value) and regularizer (L1, scaled by 0.01); the others: the global-norm clip
+    # (fc_b's own, the optimizer's for out_*) in one group and the optimizer's L2 regularization.
+    fc_w_ops = [op.type for op in block.ops if op.role == OPT and op.role_var[:1] == ["fc_w"]]
+    assert fc_w_ops[0] == "clip" and fc_w_ops[-5:] == ["scale", "sum", "adam", "scale", "scale"]
+    assert [op.type for op in block.ops].count("sqrt") == 1
+    assert [op.type for op in block.ops].count("elementwise_mul") == 3
+    first = {}
+    for op in block.ops:
+        if op.role == OPT and op.role_var:
+            first.setdefault(op.role_var[0], op.role_var[1])
+    # The first optimize op that mentions a parameter names its original gradient (the transpiler relies on it).
+    assert first == {p: grad_name(p) for p in ("fc_b", "fc_w", "out_b", "out_w")}
+    assert collect_problems(main) == [] and collect_problems(startup) == []
+    golden.check("optimizer_build_full.txt", main.to_string() + "\n" + startup.to_string())
+
+
+def test_sparse_embedding_with_momentum_and_regularized_dense_params() -> None:
+    main, startup = Program(), Program()
+    with program_guard(main, startup):
+        ids = layers.data(name="ids", shape=[1], dtype="int64")
+        emb = layers.embedding(input=ids, size=[50, 4], is_sparse=True, param_attr="emb")
+        pred = layers.fc(input=emb, size=1, param_attr=ParamAttr(name="w", regularizer=L2Decay(0.1)), bias_attr="b")
+        loss = layers.mean(pred)
+        ops, params_grads = Momentum(0.1, 0.9).minimize(loss)
+    grads = {p.name: g for p, g in params_grads}
+    assert grads["emb"].type == "selected_rows"
+    emb_op = next(op for op in ops if op.input("Param") == ["emb"])
+    assert emb_op.input("Grad") == [grads["emb"].name]
+    w_types = [op.type for op in main.global_block().ops if op.role == OPT and op.role_var[:1] == ["w"]]
+    assert w_types == ["scale", "sum", "momentum"]
+    assert collect_problems(main) == [] and collect_problems(startup) == []
+    with program_guard(main, startup), pytest.raises(IRError, match="selected_rows"):
+        SGD(0.1, regularization=L2Decay(0.1)).apply_gradients(params_grads)
