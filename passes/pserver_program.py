@@ -1,0 +1,220 @@
+"""Pass ``pserver_program``: build one main program per pserver endpoint (Fluid 1.5 §5).
+
+Needs: a placed plan. Adds the role ``pserver@<endpoint>`` for every endpoint, in the user's
+order, with an empty startup program (``pserver_startup`` fills it).
+
+Guarantees, per endpoint:
+- block 0 declares the endpoint's parameter slices (persistable, ``slice_of`` recorded), the merged
+  gradient of each slice (persistable) and, in sync mode with several trainers, the per-trainer
+  copies (``copy_of``/``trainer_id``); then one ``listen_and_serv`` (appended last);
+- if the input has learning-rate ops, block 1 (parent 0) holds clones of them (and clones of any
+  sub-block they own); their variables are declared in block 0; the parameter blocks then have the
+  last learning-rate block as parent so the runtime runs it first;
+- one block per (optimizer op, owned slice of its parameter), in optimizer-op order: ``sum`` of the
+  trainer copies and ``scale`` 1/trainers (sync, trainers > 1), then the parameter's other optimize
+  ops (regularizer, clip) and its optimizer op, mapped onto the slice. Accumulators that follow the
+  parameter's shape are sliced with it; optimizer state the ops write (beta powers) stays whole.
+  For a sliced parameter both get the block name (``acc.block<i>``, with ``slice_of``/``copy_of``),
+  so two slices on one endpoint never share state; read-only inputs (the learning rate) keep their
+  names. Temporaries live in the optimize block itself.
+- an endpoint owning nothing (and no distributed table) gets one empty optimize block and a warning.
+- ``grad_to_block_id`` lists ``"<merged grad>:<block>"`` in block order.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from ir.core import Block, Operator, Program, Variable
+from ir.names import block_name
+from ir.ops.registry import BlockRef
+from ir.program_set import ProgramSet
+from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
+
+from passes.collect_params import ACCUMULATOR_SLOTS, is_optimizer_op, lr_ops, optimize_ops
+from passes.dist_plan import DistPlan, ParamPlan
+from passes.pass_base import Pass, PassContext, PassError
+
+
+def pserver_role(endpoint: str) -> str:
+    return f"pserver@{endpoint}"
+
+
+def _copy_op(dst: Block, op: Operator, rename: dict[str, str], block_map: dict[int, int] | None = None) -> Operator:
+    """Append a copy of ``op`` to ``dst`` with variables renamed and block references remapped."""
+    def mapped(names: list[str]) -> list[str]:
+        return [rename.get(n, n) for n in names]
+
+    attrs = {}
+    for k, v in op.attrs.items():
+        if isinstance(v, BlockRef):
+            v = BlockRef((block_map or {})[v.idx])
+        elif isinstance(v, list) and v and isinstance(v[0], BlockRef):
+            v = [BlockRef((block_map or {})[b.idx]) for b in v]
+        elif k == OP_ROLE_VAR_ATTR:
+            v = mapped(list(v))
+        attrs[k] = v
+    return dst.append_op(op.type, {s: mapped(list(n)) for s, n in op.inputs.items()},
+                         {s: mapped(list(n)) for s, n in op.outputs.items()}, attrs)
+
+
+@dataclass(frozen=True)
+class PserverProgram(Pass):
+    """See the module docstring."""
+
+    name = "pserver_program"
+
+    def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
+        plan = ctx.require_placed(self.name)
+        for ep in plan.pservers:
+            programs.add(pserver_role(ep), self.build(ctx, plan, ep), Program())
+        return True
+
+    def build(self, ctx: PassContext, plan: DistPlan, ep: str) -> Program:
+        origin = ctx.origin_main
+        ob = origin.global_block()
+        prog = Program()
+        prog.random_seed = origin.random_seed
+        g = prog.global_block()
+        owned = plan.blocks_on(ep)
+        inputs: list[str] = []
+        for pp, i in owned:
+            b = pp.param_blocks[i]
+            pvar = ob.var(pp.param)
+            if b.is_slice:
+                g.add_var(pvar.replace(name=b.name, shape=b.shape, slice_of=pp.param, slice_index=i,
+                                       slice_offset=b.offset_rows))
+            else:
+                g.add_var(pvar)
+        for pp, i in owned:
+            gb = pp.grad_blocks[i]
+            gvar = ob.var(pp.grad)
+            merged = Variable(name=gb.name, shape=gb.shape, dtype=gvar.dtype, type=gvar.type, persistable=True,
+                              slice_of=pp.grad if gb.is_slice else None, slice_index=i if gb.is_slice else None,
+                              slice_offset=gb.offset_rows if gb.is_slice else None)
+            g.add_var(merged)
+            if plan.uses_trainer_copies:
+                for t in range(plan.trainers):
+                    name = plan.trainer_grad_name(gb, t)
+                    g.add_var(merged.replace(name=name, persistable=False, slice_of=None, slice_index=None,
+                                             slice_offset=None, copy_of=gb.name, trainer_id=t))
+                    inputs.append(name)
+            else:
+                inputs.append(gb.name)
+        opt_blocks: list[int] = []
+        lr_block = -1
+        lrs = lr_ops(origin)
+        if lrs:
+            lr_block = self._lr_block(origin, prog, lrs)
+            opt_blocks.append(lr_block)
+        pre_block = prog.num_blocks - 1
+        grad_to_block: list[str] = []
+        sparse_to_param: list[str] = []
+        opt_ops = optimize_ops(origin)
+        for op in opt_ops:
+            if not is_optimizer_op(op):
+                continue
+            param = op.input("Param")[0]
+            if not plan.has_param(param):
+                continue
+            pp = plan.param_plan(param)
+            for owned_pp, i in owned:
+                if owned_pp.param != param:
+                    continue
+                blk = prog.create_block(pre_block)
+                prog.rollback()
+                self._fill_block(blk, ob, plan, pp, i, opt_ops)
+                opt_blocks.append(blk.idx)
+                grad_to_block.append(f"{pp.grad_blocks[i].name}:{blk.idx}")
+                if pp.sparse:
+                    sparse_to_param.append(f"{pp.grad_blocks[i].name}:{pp.param_blocks[i].name}")
+        if len(opt_blocks) == (1 if lrs else 0) and plan.table is None:
+            blk = prog.create_block(prog.num_blocks - 1)
+            prog.rollback()
+            opt_blocks.append(blk.idx)
+            message = f"pserver {ep} holds no parameter block: it gets one empty optimize block"
+            warnings.warn(message, stacklevel=2)
+            ctx.warnings.append(message)
+        g.append_op("listen_and_serv", {"X": inputs}, {}, {
+            "endpoint": ep, "Fanin": plan.trainers, "optimize_blocks": [BlockRef(b) for b in opt_blocks],
+            "grad_to_block_id": grad_to_block, "sparse_grad_to_param": sparse_to_param,
+            "sync_mode": plan.sync_mode, "pserver_id": plan.endpoint_index(ep), "lr_decay_block_id": lr_block,
+            "distributed_mode": 0 if plan.sync_mode else 1, "dc_asgd": plan.enable_dc_asgd,
+            OP_ROLE_ATTR: int(OpRole.RPC)})
+        return prog
+
+    def _lr_block(self, origin: Program, prog: Program, lrs: list[Operator]) -> int:
+        g = prog.global_block()
+        ob = origin.global_block()
+        blk = prog.create_block(0)
+        prog.rollback()
+        block_map: dict[int, int] = {}
+        for op in lrs:
+            for n in op.input_arg_names + op.output_arg_names:
+                if not g.has_var(n):
+                    g.add_var(ob.var_recursive(n))
+            for v in op.attrs.values():
+                for ref in ([v] if isinstance(v, BlockRef) else v if isinstance(v, list) else []):
+                    if isinstance(ref, BlockRef):
+                        self._clone_sub_block(origin, prog, ref.idx, blk.idx, block_map)
+            _copy_op(blk, op, {}, block_map)
+        return blk.idx
+
+    def _clone_sub_block(self, origin: Program, prog: Program, src: int, parent: int,
+                         block_map: dict[int, int]) -> None:
+        sb = origin.block(src)
+        nb = prog.create_block(parent)
+        prog.rollback()
+        block_map[src] = nb.idx
+        for v in sb.vars.values():
+            nb.add_var(v)
+        for op in sb.ops:
+            for v in op.attrs.values():
+                for ref in ([v] if isinstance(v, BlockRef) else v if isinstance(v, list) else []):
+                    if isinstance(ref, BlockRef) and ref.idx not in block_map:
+                        self._clone_sub_block(origin, prog, ref.idx, nb.idx, block_map)
+            _copy_op(nb, op, {}, block_map)
+
+    def _fill_block(self, blk: Block, ob: Block, plan: DistPlan, pp: ParamPlan, i: int,
+                    opt_ops: list[Operator]) -> None:
+        prog = blk.program
+        g = prog.global_block()
+        pb, gb = pp.param_blocks[i], pp.grad_blocks[i]
+        attrs = {OP_ROLE_ATTR: int(OpRole.OPTIMIZE)}
+        if plan.uses_trainer_copies:
+            copies = [plan.trainer_grad_name(gb, t) for t in range(plan.trainers)]
+            blk.append_op("sum", {"X": copies}, {"Out": [gb.name]}, {**attrs, "use_mkldnn": False})
+            blk.append_op("scale", {"X": [gb.name]}, {"Out": [gb.name]}, {**attrs, "scale": 1.0 / plan.trainers})
+        if plan.enable_dc_asgd:
+            raise PassError("enable_dc_asgd needs the ref_by_trainer_id op, which the op registry lacks",
+                            hint="train without DC-ASGD for now", code="E640")
+        chain = [op for op in opt_ops if op.role_var[:1] == [pp.param]]
+        written = {n for op in chain for n in op.output_arg_names}
+        rename = {pp.param: pb.name, pp.grad: gb.name}
+        for op in chain:
+            sliced = set()
+            if is_optimizer_op(op):
+                for slot in ACCUMULATOR_SLOTS.get(op.type, ()):
+                    sliced.update(op.input(slot))
+            for n in op.input_arg_names + op.output_arg_names:
+                if n in rename or g.has_var(n):
+                    continue  # mapped already, or a global such as the learning rate of the lr block
+                var = ob.var_recursive(n)
+                if not var.persistable:
+                    if not blk.has_var(n):
+                        blk.add_var(var)
+                    continue
+                if n in sliced:
+                    name = block_name(n, i) if pp.is_sliced else n
+                    new = var.replace(name=name, shape=(pb.rows,) + tuple(var.shape[1:]),
+                                      slice_of=n if pp.is_sliced else None,
+                                      slice_index=i if pp.is_sliced else None,
+                                      slice_offset=pb.offset_rows if pp.is_sliced else None)
+                elif n in written and pp.is_sliced:
+                    new = var.replace(name=block_name(n, i), copy_of=n)
+                else:
+                    new = var
+                rename[n] = new.name
+                if not g.has_var(new.name):
+                    g.add_var(new)
+            _copy_op(blk, op, rename)

@@ -1,0 +1,68 @@
+"""Pass ``pserver_startup``: the startup program of every pserver (Fluid 1.5 §5.7).
+
+Needs: the ``pserver@<endpoint>`` roles built by ``pserver_program``. For each, the startup program
+declares every variable of the pserver's block 0 and keeps, in the input startup program's order,
+only the init ops of what the endpoint holds: an init op whose output ``o`` is held under its own
+name is copied as is; for each held variable recording ``slice_of == o`` or ``copy_of == o`` the op
+is copied with its output redirected there and, for ops with a ``shape`` attribute, the shape set to
+that variable's shape. Initializer attributes and seeds are kept. The input is never modified.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.core import Operator, Program
+from ir.program_set import ProgramSet
+
+from passes.pass_base import Pass, PassContext
+from passes.pserver_program import _copy_op, pserver_role
+
+
+def _held_as(program: Program, origin: str) -> list[str]:
+    """Names of block-0 variables of ``program`` that hold ``origin`` (itself, slices, whole copies)."""
+    out = []
+    for v in program.global_block().vars.values():
+        if v.name == origin or (v.slice_of == origin) or (v.copy_of == origin and v.trainer_id is None):
+            out.append(v.name)
+    return out
+
+
+@dataclass(frozen=True)
+class PserverStartup(Pass):
+    """See the module docstring."""
+
+    name = "pserver_startup"
+
+    def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
+        plan = ctx.require_placed(self.name)
+        for ep in plan.pservers:
+            role = programs[pserver_role(ep)]
+            role.startup = self.build(ctx.origin_startup, role.main)
+        return True
+
+    @staticmethod
+    def build(origin_startup: Program, main: Program) -> Program:
+        prog = Program()
+        prog.random_seed = main.random_seed
+        g = prog.global_block()
+        for v in main.global_block().vars.values():
+            g.add_var(v)
+        src = origin_startup.global_block()
+        for op in src.ops:
+            if op.type in ("recv", "fetch_barrier", "concat"):
+                continue
+            outs = op.output_arg_names
+            if not outs:
+                continue
+            for target in _held_as(main, outs[0]):
+                for n in op.input_arg_names:
+                    if not g.has_var(n):
+                        g.add_var(src.var_recursive(n))
+                new = _copy_op(g, op, {outs[0]: target}) if target != outs[0] else _copy_op(g, op, {})
+                _set_shape(new, g.var(target).shape)
+        return prog
+
+
+def _set_shape(op: Operator, shape: tuple[int, ...]) -> None:
+    if op.has_attr("shape") and list(op.attr("shape")) != list(shape):
+        op.set_attr("shape", list(shape))

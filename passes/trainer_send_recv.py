@@ -1,0 +1,162 @@
+"""Pass ``trainer_send_recv``: rewrite the trainer's main program for the parameter servers.
+
+Needs: a placed plan and the role ``trainer.<id>`` whose main program is a clone of the input.
+Guarantees, as Fluid 1.5 (``transpile`` + ``get_trainer_program``):
+- optimizer, regularizer, clip and learning-rate ops are gone (they run on the pservers), and so are
+  the variables only they used;
+- in sync mode with several trainers a gradient with one block is renamed to its trainer copy
+  (``g.trainer_<id>``, recorded as ``copy_of``/``trainer_id``);
+- right after the last op producing each gradient: ``split_byref`` (``split_selected_rows`` for a
+  sparse gradient) when it has several blocks, then ``send`` with one endpoint per block;
+- after everything: ``send_barrier`` (sync), one ``recv`` per parameter, ``fetch_barrier`` (sync),
+  and ``concat`` of the blocks of every sliced parameter.
+Control-dependency variables are ``raw`` with shape ``[]`` and deterministic names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ir.core import Block, Parameter, Program, Variable
+from ir.program_set import ProgramSet
+from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
+
+from passes.collect_params import lr_ops, optimize_ops
+from passes.dist_plan import DistPlan, ParamPlan
+from passes.pass_base import Pass, PassContext, PassError
+
+SEND_BARRIER_OUT = "__control_var@send_barrier"
+FETCH_BARRIER_OUT = "__control_var@fetch_barrier"
+
+
+def trainer_role(trainer_id: int) -> str:
+    return f"trainer.{trainer_id}"
+
+
+def send_dummy_name(grad: str) -> str:
+    """The control-dependency output of the ``send`` of gradient ``grad``."""
+    return f"__control_var@send@{grad}"
+
+
+def control_var(block: Block, name: str) -> Variable:
+    if block.has_var(name):
+        return block.var(name)
+    return block.create_var(name, shape=(), dtype="float32", type="raw")
+
+
+def rpc_attrs(**extra: object) -> dict[str, object]:
+    return {OP_ROLE_ATTR: int(OpRole.RPC), **extra}
+
+
+def param_block_vars(block: Block, pp: ParamPlan) -> list[str]:
+    """Declare (if needed) the trainer-side variables receiving each block of ``pp``'s parameter."""
+    if not pp.is_sliced:
+        return [pp.param]
+    pvar = block.var(pp.param)
+    names = []
+    for b in pp.param_blocks:
+        if not block.has_var(b.name):
+            block.add_var(Variable(name=b.name, shape=b.shape, dtype=pvar.dtype, type=pvar.type,
+                                   slice_of=pp.param, slice_index=b.index, slice_offset=b.offset_rows))
+        names.append(b.name)
+    return names
+
+
+def remove_unused_vars(block: Block) -> None:
+    """Drop variables no op of the program uses, except parameters and fed data."""
+    used = {n for b in block.program.blocks for op in b.ops for n in op.input_arg_names + op.output_arg_names}
+    for name, var in list(block.vars.items()):
+        if name not in used and not isinstance(var, Parameter) and not var.is_data:
+            block.remove_var(name)
+
+
+@dataclass(frozen=True)
+class TrainerSendRecv(Pass):
+    """See the module docstring."""
+
+    name = "trainer_send_recv"
+
+    def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
+        plan = ctx.require_placed(self.name)
+        program = programs[trainer_role(plan.trainer_id)].main
+        block = program.global_block()
+        self._drop_optimize_ops(program)
+        dummies: list[str] = []
+        sent: dict[str, list[str]] = {}
+        for pp in plan.params:
+            names = self._insert_send(block, plan, pp)
+            sent[pp.param] = names
+            dummies.append(send_dummy_name(pp.grad))
+        barrier = [SEND_BARRIER_OUT]
+        if plan.sync_mode:
+            control_var(block, SEND_BARRIER_OUT)
+            block.append_op("send_barrier", {"X": dummies}, {"Out": [SEND_BARRIER_OUT]},
+                            rpc_attrs(endpoints=list(plan.pservers), trainer_id=plan.trainer_id, sync_mode=True))
+        received: list[str] = []
+        for pp in plan.params:
+            outs = param_block_vars(block, pp)
+            received += outs
+            deps = barrier if plan.sync_mode else [send_dummy_name(pp.grad)]
+            role_grad = sent[pp.param][0] if not pp.is_sliced else pp.grad
+            block.append_op("recv", {"X": deps}, {"Out": outs},
+                            rpc_attrs(epmap=list(pp.endpoints), trainer_id=plan.trainer_id,
+                                      sync_mode=not plan.sync_mode, **{OP_ROLE_VAR_ATTR: [pp.param, role_grad]}))
+        if plan.sync_mode:
+            control_var(block, FETCH_BARRIER_OUT)
+            block.append_op("fetch_barrier", {"X": received}, {"Out": [FETCH_BARRIER_OUT]},
+                            rpc_attrs(endpoints=list(plan.pservers), trainer_id=plan.trainer_id))
+        for pp in plan.params:
+            if pp.is_sliced:
+                block.append_op("concat", {"X": [b.name for b in pp.param_blocks]}, {"Out": [pp.param]},
+                                {"axis": 0, OP_ROLE_ATTR: int(OpRole.DIST)})
+        remove_unused_vars(block)
+        return True
+
+    @staticmethod
+    def _drop_optimize_ops(program: Program) -> None:
+        block = program.global_block()
+        doomed = {id(op) for op in optimize_ops(program) + lr_ops(program)}
+        for op in [op for op in block.ops if id(op) in doomed]:
+            block.remove_op(op)
+
+    @staticmethod
+    def _insert_send(block: Block, plan: DistPlan, pp: ParamPlan) -> list[str]:
+        gvar = block.var(pp.grad)
+        if not pp.is_sliced:
+            name = plan.trainer_grad_name(pp.grad_blocks[0])
+            if name != pp.grad:
+                block.rename_var(pp.grad, name)
+                block.replace_var(name, copy_of=pp.grad, trainer_id=plan.trainer_id)
+            names = [name]
+            index = _last_writer(block, name)
+        else:
+            index = _last_writer(block, pp.grad)
+            names = []
+            for b in pp.grad_blocks:
+                n = plan.trainer_grad_name(b)
+                block.add_var(Variable(name=n, shape=b.shape, dtype=gvar.dtype, type=gvar.type,
+                                       slice_of=pp.grad, slice_index=b.index, slice_offset=b.offset_rows,
+                                       copy_of=b.name if n != b.name else None,
+                                       trainer_id=plan.trainer_id if n != b.name else None))
+                names.append(n)
+            if pp.sparse:
+                block.insert_op(index + 1, "split_selected_rows", {"X": [pp.grad]}, {"Out": names},
+                                {"height_sections": pp.sections, OP_ROLE_ATTR: int(OpRole.DIST)})
+            else:
+                block.insert_op(index + 1, "split_byref", {"X": [pp.grad]}, {"Out": names},
+                                {"sections": pp.sections, OP_ROLE_ATTR: int(OpRole.DIST)})
+            index += 1
+        dummy = send_dummy_name(pp.grad)
+        control_var(block, dummy)
+        role_grad = names[0] if not pp.is_sliced else pp.grad
+        block.insert_op(index + 1, "send", {"X": names}, {"Out": [dummy]},
+                        rpc_attrs(epmap=list(pp.endpoints), sync_mode=not plan.sync_mode, trainer_id=plan.trainer_id,
+                                  **{OP_ROLE_VAR_ATTR: [pp.param, role_grad]}))
+        return names
+
+
+def _last_writer(block: Block, name: str) -> int:
+    for i in range(len(block.ops) - 1, -1, -1):
+        if name in block.ops[i].output_arg_names:
+            return i
+    raise PassError(f"no op of the trainer program produces gradient {name!r}",
+                    hint="the program must contain the backward pass (optimizer.minimize)", code="E630")
