@@ -18,6 +18,9 @@ Guarantees, per endpoint:
   so two slices on one endpoint never share state; read-only inputs (the learning rate) keep their
   names. Temporaries live in the optimize block itself.
 - an endpoint owning nothing (and no distributed table) gets one empty optimize block and a warning.
+- DC-ASGD (``enable_dc_asgd``, async): per slice and trainer a backup ``<slice>.trainer_<k>_bak``
+  (``copy_of``/``trainer_id``) in block 0; the optimize block starts with ``ref_by_trainer_id`` and the
+  compensation ``g + g*g*(w - bak)`` that the optimizer op then uses as ``Grad``.
 - ``grad_to_block_id`` lists ``"<merged grad>:<block>"`` in block order.
 """
 from __future__ import annotations
@@ -185,9 +188,7 @@ class PserverProgram(Pass):
             copies = [plan.trainer_grad_name(gb, t) for t in range(plan.trainers)]
             blk.append_op("sum", {"X": copies}, {"Out": [gb.name]}, {**attrs, "use_mkldnn": False})
             blk.append_op("scale", {"X": [gb.name]}, {"Out": [gb.name]}, {**attrs, "scale": 1.0 / plan.trainers})
-        if plan.enable_dc_asgd:
-            raise PassError("enable_dc_asgd needs the ref_by_trainer_id op, which the op registry lacks",
-                            hint="train without DC-ASGD for now", code="E640")
+        dc_grad = _dc_asgd_ops(blk, plan, pp, i) if plan.enable_dc_asgd else None
         chain = [op for op in opt_ops if op.role_var[:1] == [pp.param]]
         written = {n for op in chain for n in op.output_arg_names}
         rename = {pp.param: pb.name, pp.grad: gb.name}
@@ -217,4 +218,46 @@ class PserverProgram(Pass):
                 rename[n] = new.name
                 if not g.has_var(new.name):
                     g.add_var(new)
-            _copy_op(blk, op, rename)
+            copied = _copy_op(blk, op, rename)
+            if dc_grad is not None and is_optimizer_op(op):
+                copied.set_input("Grad", [dc_grad])
+
+
+TRAINER_ID_VAR = "@TRAINER_ID@"  # set by the runtime to the id of the trainer whose gradient is applied
+
+
+def dc_asgd_backup_name(param: str, trainer_id: int) -> str:
+    """The pserver's copy of ``param`` as trainer ``trainer_id`` last fetched it (DC-ASGD)."""
+    return f"{param}.trainer_{trainer_id}_bak"
+
+
+def _dc_asgd_ops(blk: Block, plan: DistPlan, pp: ParamPlan, i: int) -> str:
+    """DC-ASGD (Fluid 1.5): declare the per-trainer backups of the slice in block 0 and append
+    ``ref_by_trainer_id`` → ``elementwise_sub`` → ``elementwise_mul`` ×2 → ``elementwise_add``, computing
+    ``g + g * g * (w - w_bak[trainer])`` (lambda = 1, as Fluid). Returns the compensated gradient."""
+    if pp.sparse:
+        raise PassError(f"enable_dc_asgd cannot compensate the sparse (selected_rows) gradient of {pp.param!r}",
+                        hint="disable enable_dc_asgd, or use a dense parameter", code="E641")
+    g = blk.program.global_block()
+    pb, gb = pp.param_blocks[i], pp.grad_blocks[i]
+    pvar = g.var(pb.name)
+    baks = []
+    for t in range(plan.trainers):
+        name = dc_asgd_backup_name(pb.name, t)
+        if not g.has_var(name):
+            g.add_var(Variable(name=name, shape=pb.shape, dtype=pvar.dtype, persistable=True, copy_of=pb.name,
+                               trainer_id=t))
+        baks.append(name)
+    if not g.has_var(TRAINER_ID_VAR):
+        g.add_var(Variable(name=TRAINER_ID_VAR, shape=(1,), dtype="int64"))
+    tmp = [f"{pb.name}.local_bak"] + [f"{gb.name}.dc_asgd_{k}" for k in range(4)]
+    for name in tmp:
+        blk.add_var(Variable(name=name, shape=pb.shape, dtype=pvar.dtype))
+    attrs = {OP_ROLE_ATTR: int(OpRole.OPTIMIZE)}
+    ew = {**attrs, "axis": -1}
+    blk.append_op("ref_by_trainer_id", {"X": baks, "TrainerId": [TRAINER_ID_VAR]}, {"Out": [tmp[0]]}, attrs)
+    blk.append_op("elementwise_sub", {"X": [pb.name], "Y": [tmp[0]]}, {"Out": [tmp[1]]}, ew)
+    blk.append_op("elementwise_mul", {"X": [tmp[1]], "Y": [gb.name]}, {"Out": [tmp[2]]}, ew)
+    blk.append_op("elementwise_mul", {"X": [tmp[2]], "Y": [gb.name]}, {"Out": [tmp[3]]}, ew)
+    blk.append_op("elementwise_add", {"X": [gb.name], "Y": [tmp[3]]}, {"Out": [tmp[4]]}, ew)
+    return tmp[4]

@@ -5,7 +5,8 @@ declares every variable of the pserver's block 0 and keeps, in the input startup
 only the init ops of what the endpoint holds: an init op whose output ``o`` is held under its own
 name is copied as is; for each held variable recording ``slice_of == o`` or ``copy_of == o`` the op
 is copied with its output redirected there and, for ops with a ``shape`` attribute, the shape set to
-that variable's shape. Initializer attributes and seeds are kept. The input is never modified.
+that variable's shape. Initializer attributes and seeds are kept. With DC-ASGD, each held slice is
+then ``assign``-ed to its per-trainer backups. The input is never modified.
 """
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from dataclasses import dataclass
 
 from ir.core import Operator, Program
 from ir.program_set import ProgramSet
+from ir.roles import OP_ROLE_ATTR, OpRole
 
+from passes.dist_plan import DistPlan
 from passes.pass_base import Pass, PassContext
-from passes.pserver_program import _copy_op, pserver_role
+from passes.pserver_program import _copy_op, dc_asgd_backup_name, pserver_role
 
 
 def _held_as(program: Program, origin: str) -> list[str]:
@@ -38,6 +41,8 @@ class PserverStartup(Pass):
         for ep in plan.pservers:
             role = programs[pserver_role(ep)]
             role.startup = self.build(ctx.origin_startup, role.main)
+            if plan.enable_dc_asgd:
+                _init_dc_asgd_backups(role.startup, plan, ep)
         return True
 
     @staticmethod
@@ -66,3 +71,13 @@ class PserverStartup(Pass):
 def _set_shape(op: Operator, shape: tuple[int, ...]) -> None:
     if op.has_attr("shape") and list(op.attr("shape")) != list(shape):
         op.set_attr("shape", list(shape))
+
+
+def _init_dc_asgd_backups(startup: Program, plan: DistPlan, ep: str) -> None:
+    """DC-ASGD: ``assign`` every held slice to each trainer's backup, after the slice's init (Fluid 1.5)."""
+    g = startup.global_block()
+    for pp, i in plan.blocks_on(ep):
+        pb = pp.param_blocks[i]
+        for t in range(plan.trainers):
+            g.append_op("assign", {"X": [pb.name]}, {"Out": [dc_asgd_backup_name(pb.name, t)]},
+                        {OP_ROLE_ATTR: int(OpRole.FORWARD)})

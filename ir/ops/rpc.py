@@ -338,3 +338,21 @@ defop(
     traits=NETWORK_TRAITS,
     doc="ask every pserver to save its part of the distributed lookup table under dir",
 )
+
+
+def _infer_ref_by_trainer_id(ctx: InferContext) -> None:
+    xs = ctx.inputs("X")
+    if not xs:
+        _fail(ctx, "no X given", "give one variable per trainer (the DC-ASGD backups of a parameter)")
+    ctx.set_output("Out", VarInfo(xs[0].shape, xs[0].dtype, xs[0].type))
+
+
+defop(
+    "ref_by_trainer_id",
+    inputs=["X*", "TrainerId"],
+    outputs=["Out"],
+    infer=_infer_ref_by_trainer_id,
+    grad=NO_GRAD,
+    traits=("host",),
+    doc="Out = X[TrainerId]: the variable of the trainer whose request is served (DC-ASGD's backup)",
+)

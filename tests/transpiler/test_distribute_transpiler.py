@@ -154,6 +154,5 @@ def test_other_invalid_inputs() -> None:
     with pytest.raises(FlotillaError) as err:
         transpile(main, startup)
     assert "E601" in str(err.value)
-    with pytest.raises(FlotillaError) as err:
-        transpile(*build_fc(sparse_emb=True, distributed=True))
-    assert "E604" in str(err.value) or "E650" in str(err.value)
+    # A distributed table under SGD is supported (the table tests cover the rewrite itself).
+    assert transpile(*build_fc(sparse_emb=True, distributed=True)) is not None
