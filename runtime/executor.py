@@ -58,8 +58,28 @@ class _HostStep:
 class _Plan:
     steps: list[Any]
     random_seed: int
+    persistable: frozenset[str]
     runs: int = 0
     fetch: list[str] = field(default_factory=list)
+
+
+class _RunScope(Scope):
+    """The scope of one run: reads fall through to the caller's scope; writes of persistable variables
+    go to the caller's scope, everything else (feeds, temporaries) dies with the run."""
+
+    def __init__(self, parent: Scope, persistable: frozenset[str]) -> None:
+        super().__init__(parent)
+        self._persistable = persistable
+
+    def set_var(self, name: str, value: Any) -> None:
+        if name in self._persistable:
+            self.parent.set_var(name, value)
+        else:
+            super().set_var(name, value)
+
+    def erase(self, names: list[str]) -> None:
+        super().erase(names)
+        self.parent.erase(names)
 
 
 def _op_where(block: Block, i: int, op: Operator) -> str:
@@ -89,9 +109,13 @@ class Executor:
         feed = dict(feed or {})
         fetch = [_fetch_name(f) for f in (fetch_list or [])]
         block = program.global_block()
-        for name, value in feed.items():
-            scope.set_var(name, self._check_feed(block, name, value))
+        checked = {name: self._check_feed(block, name, value) for name, value in feed.items()}
         plan = self._plan(program, tuple(sorted(feed)), tuple(fetch))
+        # Feeds and temporaries live in a per-run scope: a later run that omits a feed fails instead of
+        # silently reusing the previous batch. Persistable results go through to the caller's scope.
+        scope = _RunScope(scope, plan.persistable)
+        for name, value in checked.items():
+            scope.set_var(name, value)
         self._execute(program, block, plan, scope)
         plan.runs += 1
         results = []
@@ -183,7 +207,7 @@ class Executor:
             steps.append(run)
             needed_later |= set(run.reads)
         steps.reverse()
-        return _Plan(steps, program.random_seed, fetch=list(fetch))
+        return _Plan(steps, program.random_seed, frozenset(persistable), fetch=list(fetch))
 
     def _make_run(self, program: Program, block: Block, ops: list[tuple[int, Operator]],
                   needed_later: set[str], persistable: set[str]) -> _PureRun:
