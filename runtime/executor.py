@@ -267,7 +267,8 @@ def _trace_run(run: _PureRun, block: Block) -> Any:
         for i, op, kern, attrs, random in ops:
             ins = {slot: [env[n] for n in names if n != EMPTY_VAR_NAME] for slot, names in op.inputs.items()}
             if random:
-                seed = attrs.get("seed", 0)
+                # Fluid's dropout honours its seed only with fix_seed; other random ops always do.
+                seed = attrs.get("seed", 0) if attrs.get("fix_seed", True) else 0
                 ins[RNG_SLOT] = [jax.random.PRNGKey(seed) if seed else jax.random.fold_in(key, i)]
             try:
                 outs = kern(ins, attrs)
