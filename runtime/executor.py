@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ir.core import Block, Operator, Program, Variable, default_main_program
@@ -163,7 +162,7 @@ class Executor:
         if len(shape) != len(var.shape) or any(d >= 0 and d != s for d, s in zip(var.shape, shape)):
             raise ExecutionError(f"feed {name!r} has shape {list(shape)}, expected {list(var.shape)} (-1: any)",
                                  hint="reshape the batch to the variable's declared shape")
-        return jax.device_put(arr, self.device)
+        return arr  # handed to the compiled call as is: one transfer with the call, not one per feed
 
     # --- planning
     def _plan(self, program: Program, feed: tuple[str, ...], fetch: tuple[str, ...]) -> _Plan:
@@ -229,18 +228,17 @@ class Executor:
 
     # --- execution
     def _execute(self, program: Program, block: Block, plan: _Plan, scope: Scope) -> None:
-        key = jax.random.fold_in(jax.random.PRNGKey(plan.random_seed), plan.runs)
         for step in plan.steps:
             if isinstance(step, _HostStep):
                 get_host_kernel(step.op.type)(HostContext(self, scope, program, block), step.op)
                 continue
-            donated = tuple(self._read(scope, block, step, n) for n in step.donated)
+            donated = tuple(self._read(scope, block, step, n, donate=True) for n in step.donated)
             kept = tuple(self._read(scope, block, step, n) for n in step.kept)
-            outs = step.fn(donated, kept, key)
+            outs = step.fn(donated, kept, np.uint32(plan.runs))
             for name, value in zip(step.outputs, outs):
                 scope.set_var(name, value)
 
-    def _read(self, scope: Scope, block: Block, run: _PureRun, name: str) -> Any:
+    def _read(self, scope: Scope, block: Block, run: _PureRun, name: str, donate: bool = False) -> Any:
         value = scope.find_var(name)
         if value is None:
             var = block.find_var_recursive(name)
@@ -252,24 +250,28 @@ class Executor:
                 raise ExecutionError(f"persistable variable {name!r} is not initialised (read by {reader})",
                                      hint="run the startup program first, or load the parameters")
             raise ExecutionError(f"variable {name!r} has no value (read by {reader})")
-        if isinstance(value, np.ndarray) or not isinstance(value, (jax.Array, SelectedRows)):
-            value = jax.device_put(np.asarray(value), self.device)
-            scope.set_var(name, value)
+        if isinstance(value, (jax.Array, SelectedRows)) or (isinstance(value, np.ndarray) and not donate):
+            return value
+        # A value set by the user (numpy, a Python number): keep a device copy, which can be donated.
+        value = jax.device_put(np.asarray(value), self.device)
+        scope.set_var(name, value)
         return value
 
 
 def _trace_run(run: _PureRun, block: Block) -> Any:
     ops = [(i, op, get_kernel(op.type), dict(op.attrs), _is_random(op)) for i, op in run.ops]
+    program_seed = block.program.random_seed
 
-    def fn(donated: tuple[Any, ...], kept: tuple[Any, ...], key: Any) -> tuple[Any, ...]:
+    def fn(donated: tuple[Any, ...], kept: tuple[Any, ...], runs: Any) -> tuple[Any, ...]:
         env: dict[str, Any] = dict(zip(run.donated, donated))
         env.update(zip(run.kept, kept))
+        key = jax.random.fold_in(jax.random.PRNGKey(program_seed), runs) if any(r for *_, r in ops) else None
         for i, op, kern, attrs, random in ops:
             ins = {slot: [env[n] for n in names if n != EMPTY_VAR_NAME] for slot, names in op.inputs.items()}
             if random:
                 # Fluid's dropout honours its seed only with fix_seed; other random ops always do.
-                seed = attrs.get("seed", 0) if attrs.get("fix_seed", True) else 0
-                ins[RNG_SLOT] = [jax.random.PRNGKey(seed) if seed else jax.random.fold_in(key, i)]
+                op_seed = attrs.get("seed", 0) if attrs.get("fix_seed", True) else 0
+                ins[RNG_SLOT] = [jax.random.PRNGKey(op_seed) if op_seed else jax.random.fold_in(key, i)]
             try:
                 outs = kern(ins, attrs)
             except ExecutionError:

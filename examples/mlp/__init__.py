@@ -1,0 +1,1 @@
+"""The MLP example: a softmax classifier over Gaussian clusters."""

@@ -1,0 +1,1 @@
+"""The word2vec example: skip-gram with negative sampling on a generated corpus with topic structure."""
