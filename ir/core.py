@@ -202,14 +202,14 @@ class Operator:
             self._outputs[slot] = [new if n == old else n for n in names]
         self.block._touch()
 
-    def _rename_everywhere(self, old: str, new: str) -> None:
+    def _rename_many(self, mapping: Mapping[str, str]) -> None:
         for table in (self._inputs, self._outputs):
             for slot, names in table.items():
-                if old in names:
-                    table[slot] = [new if n == old else n for n in names]
+                if any(n in mapping for n in names):
+                    table[slot] = [mapping.get(n, n) for n in names]
         rv = self._attrs.get(OP_ROLE_VAR_ATTR)
-        if rv and old in rv:
-            self._attrs[OP_ROLE_VAR_ATTR] = [new if n == old else n for n in rv]
+        if rv and any(n in mapping for n in rv):
+            self._attrs[OP_ROLE_VAR_ATTR] = [mapping.get(n, n) for n in rv]
 
     def to_string(self) -> str:
         from ir.printer import format_op
@@ -229,8 +229,10 @@ class Block:
         self.parent_idx = parent_idx
         self._vars: dict[str, Variable] = {}
         self._ops: list[Operator] = []
+        self._ops_snapshot: tuple[Operator, ...] | None = None
 
     def _touch(self) -> None:
+        self._ops_snapshot = None
         self.program._version += 1
 
     # --- variables
@@ -240,7 +242,10 @@ class Block:
 
     @property
     def ops(self) -> Sequence[Operator]:
-        return tuple(self._ops)
+        """An immutable snapshot of the ops, cached until the block changes (so indexing in a loop is O(1))."""
+        if self._ops_snapshot is None:
+            self._ops_snapshot = tuple(self._ops)
+        return self._ops_snapshot
 
     @property
     def parent(self) -> "Block | None":
@@ -323,20 +328,26 @@ class Block:
     def rename_var(self, old: str, new: str) -> Variable:
         """Rename a variable of this block and every use of it in this block and its sub-blocks
         (slots and ``op_role_var``)."""
-        self.var(old)
-        if new in self._vars:
-            raise IRError(f"cannot rename {old!r} to {new!r}: block {self.idx} already has {new!r}")
-        items = [(new if k == old else k, dataclasses.replace(v, name=new) if k == old else v)
-                 for k, v in self._vars.items()]
-        self._vars = dict(items)
+        self.rename_vars({old: new})
+        return self._vars[new]
+
+    def rename_vars(self, mapping: Mapping[str, str]) -> None:
+        """Rename several variables of this block at once (one pass over the ops), with every use of
+        them in this block and its sub-blocks; a sub-block's own variable of the same name shadows it."""
+        for old, new in mapping.items():
+            self.var(old)
+            if new in self._vars and new not in mapping:
+                raise IRError(f"cannot rename {old!r} to {new!r}: block {self.idx} already has {new!r}")
+        if not mapping:
+            return
+        self._vars = {mapping.get(k, k): dataclasses.replace(v, name=mapping[k]) if k in mapping else v
+                      for k, v in self._vars.items()}
         for block in self.program.blocks:
             if block is self or self._is_ancestor_of(block):
-                if block is not self and old in block._vars:
-                    continue  # shadowed: uses in that block refer to its own variable
+                local = {o: n for o, n in mapping.items() if block is self or o not in block._vars}
                 for op in block._ops:
-                    op._rename_everywhere(old, new)
+                    op._rename_many(local)
         self._touch()
-        return self._vars[new]
 
     def _is_ancestor_of(self, block: "Block") -> bool:
         p = block.parent
@@ -403,6 +414,7 @@ class Block:
                 self.infer_op_shapes(op)
             except BaseException:
                 self._ops.remove(op)  # a refused op leaves the block as it was
+                self._touch()
                 raise
         return op
 

@@ -18,6 +18,12 @@ Checks, each with its own stable ``code`` (see ``Code``):
   serves sub-blocks and talks over RPC (``listen_and_serv``) receives its inputs from the network;
 - shapes: the declared shape, dtype and variable type of each output agree with the op's shape
   inference (``ir.core.infer_op``; -1 matches any extent); an inference that raises is a problem.
+- across a ProgramSet (``cross_program_problems``, run by ``verify_program_set``): every ``send``
+  is received by the listen_and_serv of each endpoint of its ``epmap``; every trainable parameter
+  the trainers exchange is optimized on exactly one pserver per slice; the slices of every variable
+  the pservers hold tile it exactly once; every dense block on the wire fits ``MAX_MESSAGE_BYTES``.
+  These checks read the recorded relations (``slice_of``/``slice_index``/``slice_offset``,
+  ``copy_of``, op attributes), never variable names.
 
 Invariants: the verifier never mutates the program, never raises on a malformed program (it reports),
 and runs in time linear in the number of ops and arguments. Variable names are unique per block by
@@ -27,10 +33,11 @@ from __future__ import annotations
 
 from ir.names import EMPTY_VAR_NAME
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from ir.core import Block, Operator, Program, Variable, block_refs, infer_op
+from ir.core import Block, Operator, Parameter, Program, Variable, block_refs, infer_op
 from ir.errors import FlotillaError, RegistryError, VerifyError
 from ir.ops.registry import AttrKind, OpDef, check_attr_value, find_op_def, get_op_def, suggest
 from ir.printer import format_op, format_var
@@ -38,7 +45,7 @@ from ir.program_set import ProgramSet
 from ir.roles import ALL_ROLE_BITS, OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, is_valid_role, role_name
 
 __all__ = [
-    "Code", "Problem", "collect_problems", "cross_program_problems", "format_context", "verify",
+    "Code", "MAX_MESSAGE_BYTES", "Problem", "collect_problems", "cross_program_problems", "format_context", "verify",
     "verify_program_set",
 ]
 
@@ -64,6 +71,18 @@ class Code:
     DTYPE_MISMATCH = "V402"
     VAR_TYPE_MISMATCH = "V403"
     INFER_FAILED = "V404"
+    # across the programs of a ProgramSet
+    SEND_NO_PSERVER = "V501"
+    SEND_NOT_RECEIVED = "V502"
+    SEND_SHAPE = "V503"
+    PSERVER_SERV = "V504"
+    PARAM_NOT_OPTIMIZED = "V511"
+    PARAM_OPTIMIZED_TWICE = "V512"
+    SLICE_GAP = "V521"
+    SLICE_OVERLAP = "V522"
+    SLICE_SHAPE = "V523"
+    SLICE_INDEX = "V524"
+    MESSAGE_TOO_LARGE = "V531"
 
 
 @dataclass(frozen=True)
@@ -425,23 +444,454 @@ def verify(program: Program, *, role: str | None = None) -> None:
         _raise([(program, role, p) for p in problems], problems)
 
 
-def cross_program_problems(program_set: ProgramSet) -> list[Problem]:
-    """Problems that only show across the programs of a ProgramSet: every ``send`` has a receiving
-    block on its endpoint, every trainable parameter is optimized on exactly one pserver, the slices
-    of each parameter tile it exactly once, and every message fits the gRPC message size limit.
+# --- cross-program checks (ProgramSet) -----------------------------------------------------------------
 
-    TODO(#4): implement these checks; until then there are none.
+#: The largest message a gRPC channel carries: the length prefix of a gRPC message is a signed 32-bit
+#: integer, so no message may exceed 2 GiB - 1 bytes. Every block that travels between a trainer and a
+#: pserver (a gradient slice sent, a parameter slice fetched) must fit in one message.
+MAX_MESSAGE_BYTES = 2**31 - 1
+
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+            "int32": 4, "int64": 8, "bool": 1}
+
+TRAINER_PREFIX = "trainer."
+PSERVER_PREFIX = "pserver@"
+_LISTED = 8  # names shown when a message lists what a program has
+
+
+def _listing(names: Sequence[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:_LISTED])
+    return f"[{shown}{', ...' if len(names) > _LISTED else ''}]"
+
+
+def _numel(shape: Sequence[int]) -> int | None:
+    """Elements of a fully known shape; None when a dimension is unknown (-1)."""
+    n = 1
+    for d in shape:
+        if d < 0:
+            return None
+        n *= d
+    return n
+
+
+def _rows(var: Variable) -> int:
+    return var.shape[0] if var.shape else 1
+
+
+@dataclass
+class _Pserver:
+    """What the cross-program checks need of one pserver role."""
+
+    role: str
+    endpoint: str
+    program: Program
+    serv: Operator | None = None
+    serv_index: int = -1
+    # received name → the grad_to_block_id entry that applies it (per-trainer copies resolve to the
+    # variable they are a copy of, through ``Variable.copy_of``)
+    received: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A variable of a pserver that is (a slice of) ``origin``."""
+
+    role: str
+    endpoint: str
+    block: int
+    var: Variable
+    op: int | None = None  # the optimizer op updating it, for optimized parameters
+
+
+def _grad_entries(serv: Operator) -> list[str]:
+    entries = serv.attrs.get("grad_to_block_id", [])
+    names = []
+    for entry in entries if isinstance(entries, (list, tuple)) else ():
+        if isinstance(entry, str):
+            name, sep, _ = entry.rpartition(":")
+            if sep and name:
+                names.append(name)
+    return names
+
+
+class _SetChecker:
+    """Checks a whole ProgramSet; problems accumulate as (program, role, Problem) in ``self.located``."""
+
+    def __init__(self, program_set: ProgramSet) -> None:
+        self.program_set = program_set
+        self.located: list[tuple[Program, str | None, Problem]] = []
+        self.trainers: list[tuple[str, Program, Program]] = []
+        self.pservers: dict[str, _Pserver] = {}
+        self.params: dict[str, tuple[str, Program, Variable]] = {}
+        self.tables: set[str] = set()
+        for role, progs in program_set.items():
+            if role.startswith(TRAINER_PREFIX):
+                self.trainers.append((role, progs.main, progs.startup))
+            elif role.startswith(PSERVER_PREFIX):
+                ep = role[len(PSERVER_PREFIX):]
+                self.pservers[ep] = _Pserver(role, ep, progs.main)
+
+    def _add(self, program: Program, role: str, code: str, where: str, found: str, expected: str,
+             hint: str | None, *, block: int | None = None, op: int | None = None, var: str | None = None) -> None:
+        problem = Problem(where=f"{role}/{where}", found=found, expected=expected, hint=hint, code=code,
+                          block=block, op=op, var=var)
+        self.located.append((program, role, problem))
+
+    # --- pservers: their listen_and_serv and what it receives
+    def scan_pservers(self) -> None:
+        for ps in self.pservers.values():
+            block0 = ps.program.global_block()
+            servs = [(i, op) for i, op in enumerate(block0.ops) if op.type == "listen_and_serv"]
+            # None at all is reported by the sends that target this pserver (if any do).
+            if len(servs) > 1:
+                self._add(ps.program, ps.role, Code.PSERVER_SERV, f"block 0/op {servs[1][0]} (listen_and_serv)",
+                          f"{len(servs)} listen_and_serv ops", "exactly one listen_and_serv op in block 0",
+                          "a pserver program serves through one listen_and_serv op", block=0, op=servs[1][0])
+            if not servs:
+                continue
+            ps.serv_index, ps.serv = servs[0]
+            endpoint = ps.serv.attrs.get("endpoint")
+            if endpoint != ps.endpoint:
+                self._add(ps.program, ps.role, Code.PSERVER_SERV, f"block 0/op {ps.serv_index} (listen_and_serv)",
+                          f"endpoint={endpoint!r}", f"endpoint={ps.endpoint!r} (the role's endpoint)",
+                          "the role pserver@EP must listen on EP", block=0, op=ps.serv_index)
+            grads = _grad_entries(ps.serv)
+            ps.received = {g: g for g in grads}
+            wanted = set(grads)
+            for block in ps.program.blocks:
+                for name, var in block.vars.items():
+                    if var.copy_of is not None and var.copy_of in wanted and name not in ps.received:
+                        ps.received[name] = var.copy_of
+
+    # --- every send is received on each endpoint of its epmap
+    def check_sends(self) -> None:
+        for role, main, _ in self.trainers:
+            for block in main.blocks:
+                for i, op in enumerate(block.ops):
+                    if op.type == "send":
+                        self._check_send(role, main, block, i, op)
+
+    def _check_send(self, role: str, main: Program, block: Block, i: int, op: Operator) -> None:
+        names = list(op.attrs.get("send_varnames") or op.input("X"))
+        epmap = list(op.attrs.get("epmap") or [])
+        where = f"block {block.idx}/op {i} (send)"
+        loc = {"block": block.idx, "op": i}
+        for name, ep in zip(names, epmap):
+            ps = self.pservers.get(ep)
+            if ps is None:
+                self._add(main, role, Code.SEND_NO_PSERVER, where, f"{name!r} sent to {ep!r}, which has no pserver "
+                          "program in the set", f"one of the pserver endpoints {_listing(list(self.pservers))}",
+                          "every endpoint of a send's epmap needs a pserver@EP role", **loc)
+                continue
+            if ps.serv is None:
+                self._add(main, role, Code.SEND_NOT_RECEIVED, where,
+                          f"{name!r} sent to {ep}, whose program has no listen_and_serv op",
+                          f"a listen_and_serv op in block 0 of {ps.role} receiving it",
+                          "a pserver program serves through one listen_and_serv op", **loc)
+                continue
+            if name not in ps.received:
+                sent = block.find_var_recursive(name)
+                what = repr(name) if sent is None or sent.copy_of is None else \
+                    f"{name!r} (a copy of {sent.copy_of!r})"
+                self._add(main, role, Code.SEND_NOT_RECEIVED, where,
+                          f"{what} sent to {ep}, whose listen_and_serv does not receive it "
+                          f"(grad_to_block_id names {_listing(_grad_entries(ps.serv))})",
+                          f"a grad_to_block_id entry on {ps.role} for it (or for the variable it is a copy of)",
+                          "the pserver lacks the optimize block for this gradient, or the send's epmap points "
+                          "at the wrong endpoint", **loc)
+                continue
+            self._check_sent_shape(role, main, block, i, op, name, ps)
+
+    def _check_sent_shape(self, role: str, main: Program, block: Block, i: int, op: Operator, name: str,
+                          ps: _Pserver) -> None:
+        sent = block.find_var_recursive(name)
+        held = ps.program.global_block().vars.get(name)
+        if held is None:
+            held = ps.program.global_block().vars.get(ps.received[name])
+        if sent is None or held is None or sent.type == "raw":
+            return
+        if not _shapes_agree(sent.shape, held.shape) or sent.dtype != held.dtype:
+            self._add(main, role, Code.SEND_SHAPE, f"block {block.idx}/op {i} (send)",
+                      f"{name!r} sent as {sent.dtype}{_fmt_shape(sent.shape)}",
+                      f"{held.dtype}{_fmt_shape(held.shape)}, as {ps.role} declares {held.name!r}",
+                      "the trainer's slice and the pserver's block must have the same rows", block=block.idx, op=i)
+
+    # --- every trainable parameter optimized exactly once per slice; slices tile their variable
+    def _distributed_params(self) -> tuple[dict[str, tuple[str, Program, Variable]], set[str]]:
+        """Trainable parameters the trainers exchange with the pservers (named by a send's ``op_role_var``
+        or fetched by a recv, possibly as slices), each with a trainer that declares it; and the names of
+        distributed lookup tables and their gradients (sharded by id, not tiled by rows)."""
+        params: dict[str, tuple[str, Program, Variable]] = {}
+        tables: set[str] = set()
+        for role, main, _ in self.trainers:
+            gblock = main.global_block()
+
+            def consider(name: str) -> None:
+                var = gblock.find_var_recursive(name)
+                if var is not None and var.slice_of is not None:
+                    name, var = var.slice_of, gblock.find_var_recursive(var.slice_of)
+                if isinstance(var, Parameter) and var.trainable and name not in params:
+                    params[name] = (role, main, var)
+
+            for block in main.blocks:
+                for op in block.ops:
+                    role_var = op.role_var
+                    if op.type == "send":
+                        for name in role_var[0::2]:
+                            consider(name)
+                    elif op.type == "recv":
+                        for name in list(op.attrs.get("recv_varnames") or op.output("Out")):
+                            consider(name)
+                    for p, g in zip(role_var[0::2], role_var[1::2]):
+                        var = gblock.find_var_recursive(p)
+                        if isinstance(var, Parameter) and var.is_distributed:
+                            tables.update((p, g))
+            for name, var in gblock.vars.items():
+                if isinstance(var, Parameter) and var.is_distributed:
+                    tables.add(name)
+        return params, tables
+
+    def _optimized(self) -> dict[str, list[_Held]]:
+        """Per original parameter name, every (slice) variable an optimizer op updates on a pserver."""
+        out: dict[str, list[_Held]] = {}
+        for ps in self.pservers.values():
+            for block in ps.program.blocks:
+                for i, op in enumerate(block.ops):
+                    op_def = find_op_def(op.type)
+                    if op_def is None or not op_def.has_trait("optimizer"):
+                        continue
+                    for name in op.input("Param"):
+                        var = block.find_var_recursive(name)
+                        if var is None:
+                            continue  # an undeclared variable, reported by the per-program checks
+                        origin = var.slice_of if var.slice_of is not None else var.name
+                        out.setdefault(origin, []).append(_Held(ps.role, ps.endpoint, block.idx, var, i))
+        return out
+
+    def _declared_blocks(self) -> dict[str, dict[str, list[_Held]]]:
+        """Per original variable, per block name, the pservers whose block 0 declares that block:
+        variables with ``slice_of`` set, or a variable held whole under its own name; per-trainer
+        copies excluded. (Built once: one pass over every pserver's variables.)"""
+        out: dict[str, dict[str, list[_Held]]] = {}
+        for ps in self.pservers.values():
+            for name, var in ps.program.global_block().vars.items():
+                if var.copy_of is None:
+                    origin = var.slice_of if var.slice_of is not None else name
+                    out.setdefault(origin, {}).setdefault(name, []).append(_Held(ps.role, ps.endpoint, 0, var))
+        return out
+
+    def check_params(self) -> None:
+        params, tables = self.params, self.tables
+        optimized = self._optimized()
+        declared_all = self._declared_blocks()
+        for name, (role, main, param) in params.items():
+            held = optimized.get(name, [])
+            declared = declared_all.get(name, {})
+            if not held and not declared:
+                self._add(main, role, Code.PARAM_NOT_OPTIMIZED, "block 0",
+                          f"trainable parameter {name!r} held and optimized on no pserver",
+                          f"an optimize block for (each slice of) {name!r} on exactly one pserver",
+                          "every parameter the trainer sends gradients for, or receives, must be updated "
+                          "by some pserver", block=0, var=name)
+                continue
+            # A distributed table has one shard per pserver, each under the table's name.
+            per_role = name in tables
+            by_slice: dict[tuple[str, str], list[_Held]] = {}
+            for h in held:
+                by_slice.setdefault((h.role if per_role else "", h.var.name), []).append(h)
+            for slice_name, where_declared in declared.items():
+                for d in where_declared:
+                    key = (d.role if per_role else "", slice_name)
+                    if key not in by_slice:
+                        by_slice[key] = []
+                        self._add(self.pservers[d.endpoint].program, d.role, Code.PARAM_NOT_OPTIMIZED, "block 0",
+                                  f"{slice_name!r} (of parameter {name!r}) held but updated by no optimizer op",
+                                  f"one optimize block on {d.role} updating {slice_name!r}",
+                                  "the pserver lost the optimize block of this slice, or holds a slice it "
+                                  "should not", block=0, var=slice_name)
+            for (_, slice_name), where_held in by_slice.items():
+                if len(where_held) > 1:
+                    first, second = where_held[0], where_held[1]
+                    places = ", ".join(f"{h.role} block {h.block}" for h in where_held)
+                    self._add(self.pservers[second.endpoint].program, second.role, Code.PARAM_OPTIMIZED_TWICE,
+                              f"block {second.block}/op {second.op} (optimizer)",
+                              f"{slice_name!r} (of parameter {name!r}) optimized {len(where_held)} times: {places}",
+                              "exactly one optimizer op per parameter slice, on one pserver",
+                              f"remove the extra optimize block; {first.role} already updates it",
+                              block=second.block, op=second.op)
+
+    def check_tiling(self) -> None:
+        """The slices of every sliced variable held by the pservers (params, grads, accumulators)
+        tile it along dim 0 exactly once."""
+        tables = self.tables
+        pieces: dict[str, list[_Held]] = {}
+        for ps in self.pservers.values():
+            for name, var in ps.program.global_block().vars.items():
+                if var.copy_of is not None:
+                    continue  # a trainer's copy of a block is not a block of its own
+                if var.slice_of is not None:
+                    pieces.setdefault(var.slice_of, []).append(_Held(ps.role, ps.endpoint, 0, var))
+        # A variable held whole (its own name, no slice) is one block covering all of it.
+        for origin in list(pieces):
+            for ps in self.pservers.values():
+                whole = ps.program.global_block().vars.get(origin)
+                if whole is not None and whole.slice_of is None and whole.copy_of is None:
+                    pieces[origin].append(_Held(ps.role, ps.endpoint, 0, whole))
+        for origin, held in pieces.items():
+            if origin not in tables:
+                self._tile(origin, held)
+
+    def _full_var(self, origin: str) -> Variable | None:
+        for _, main, _ in self.trainers:
+            var = main.global_block().vars.get(origin)
+            if var is not None:
+                return var
+        return None
+
+    def _tile(self, origin: str, held: list[_Held]) -> None:
+        full = self._full_var(origin)
+        spans: list[tuple[int, int, _Held]] = []
+        for h in held:
+            var = h.var
+            program = self.pservers[h.endpoint].program
+            is_slice = var.slice_of is not None
+            if is_slice and (var.slice_offset is None or var.slice_index is None):
+                self._add(program, h.role, Code.SLICE_SHAPE, "block 0", f"slice {var.name!r} of {origin!r} with "
+                          f"slice_index={var.slice_index!r}, slice_offset={var.slice_offset!r}",
+                          "both slice_index and slice_offset recorded on a slice",
+                          "create slices through the slicing pass, which records the relation", block=0,
+                          var=var.name)
+                continue
+            if full is not None and (tuple(var.shape[1:]) != tuple(full.shape[1:]) or var.dtype != full.dtype
+                                     or len(var.shape) != len(full.shape)):
+                self._add(program, h.role, Code.SLICE_SHAPE, "block 0",
+                          f"{'slice' if is_slice else 'block'} {var.name!r} of {origin!r} shaped "
+                          f"{var.dtype}{_fmt_shape(var.shape)}",
+                          f"{full.dtype}[rows{''.join(', ' + str(d) for d in full.shape[1:])}] "
+                          f"(rows of {origin!r}, {full.dtype}{_fmt_shape(full.shape)})",
+                          "a slice splits dim 0 only and keeps the other dimensions and the dtype",
+                          block=0, var=var.name)
+                continue
+            spans.append((var.slice_offset if is_slice else 0, _rows(var), h))
+        spans.sort(key=lambda s: (s[0], s[2].var.slice_index or 0, s[2].role))
+        covered = 0
+        prev: _Held | None = None
+        for index, (offset, rows, h) in enumerate(spans):
+            program = self.pservers[h.endpoint].program
+            label = f"{h.var.name!r} rows [{offset}, {offset + rows})"
+            if offset > covered:
+                self._add(program, h.role, Code.SLICE_GAP, "block 0",
+                          f"{label}: rows [{covered}, {offset}) of {origin!r} are in no slice",
+                          f"the next slice of {origin!r} to start at row {covered}",
+                          "slices must tile the variable: each starts where the previous ends", block=0,
+                          var=h.var.name)
+            elif offset < covered and prev is not None:
+                self._add(program, h.role, Code.SLICE_OVERLAP, "block 0",
+                          f"{label} on {h.role} overlaps {prev.var.name!r} on {prev.role} "
+                          f"(rows [{offset}, {min(covered, offset + rows)}) of {origin!r} held twice)",
+                          f"the next slice of {origin!r} to start at row {covered}",
+                          "each row of a variable lives in exactly one slice on exactly one pserver", block=0,
+                          var=h.var.name)
+            if h.var.slice_of is not None and h.var.slice_index != index and offset >= covered:
+                self._add(program, h.role, Code.SLICE_INDEX, "block 0",
+                          f"slice {h.var.name!r} of {origin!r} with slice_index {h.var.slice_index}",
+                          f"slice_index {index} (its position by offset)",
+                          "slice indices number the slices in row order from 0", block=0, var=h.var.name)
+            covered = max(covered, offset + rows)
+            prev = h
+        if full is not None and full.shape and full.shape[0] >= 0 and spans and covered != full.shape[0]:
+            last = spans[-1][2]
+            program = self.pservers[last.endpoint].program
+            if covered < full.shape[0]:
+                found = f"rows [{covered}, {full.shape[0]}) of {origin!r} are in no slice"
+            else:
+                found = f"slices of {origin!r} covering {covered} rows"
+            self._add(program, last.role, Code.SLICE_GAP if covered < full.shape[0] else Code.SLICE_OVERLAP,
+                      "block 0", found, f"slices covering exactly the {full.shape[0]} rows of {origin!r}",
+                      "slices must tile the variable: the last one ends at its last row", block=0, var=last.var.name)
+
+    # --- message sizes
+    def check_message_sizes(self) -> None:
+        seen: set[tuple[str, str]] = set()
+        for role, main, startup in self.trainers:
+            for program in (main, startup):
+                for block in program.blocks:
+                    for i, op in enumerate(block.ops):
+                        if op.type == "send":
+                            names = list(op.attrs.get("send_varnames") or op.input("X"))
+                        elif op.type == "recv":
+                            names = list(op.attrs.get("recv_varnames") or op.output("Out"))
+                        else:
+                            continue
+                        for name in names:
+                            var = block.find_var_recursive(name)
+                            if var is not None and (role, name) not in seen:
+                                seen.add((role, name))
+                                self._check_size(program, role, var, f"block {block.idx}/op {i} ({op.type})",
+                                                 block.idx, i)
+        for ps in self.pservers.values():
+            for name, var in ps.program.global_block().vars.items():
+                if (var.slice_of is not None or name in ps.received) and (ps.role, name) not in seen:
+                    seen.add((ps.role, name))
+                    self._check_size(ps.program, ps.role, var, "block 0", 0, None)
+
+    def _check_size(self, program: Program, role: str, var: Variable, where: str, block: int, op: int | None) -> None:
+        # selected_rows messages carry only the rows a batch touched; their size is known at run time.
+        if var.type != "lod_tensor":
+            return
+        numel = _numel(var.shape)
+        if numel is None:
+            return
+        size = numel * ITEMSIZE.get(var.dtype, 8)
+        if size > MAX_MESSAGE_BYTES:
+            self._add(program, role, Code.MESSAGE_TOO_LARGE, where,
+                      f"{var.name!r} ({var.dtype}{_fmt_shape(var.shape)}) of {size} bytes",
+                      f"at most {MAX_MESSAGE_BYTES} bytes (the gRPC message limit)",
+                      "use more pservers or keep slicing on (slice_var_up=True) so that every block fits one "
+                      "message", block=block, op=op, var=var.name if op is None else None)
+
+    def run(self) -> list[tuple[Program, str | None, Problem]]:
+        self.params, self.tables = self._distributed_params()
+        self.scan_pservers()
+        self.check_sends()
+        self.check_params()
+        self.check_tiling()
+        self.check_message_sizes()
+        return self.located
+
+
+def _cross_located(program_set: ProgramSet) -> list[tuple[Program, str | None, Problem]]:
+    return _SetChecker(program_set).run()
+
+
+def cross_program_problems(program_set: ProgramSet) -> list[Problem]:
+    """Problems that only show across the programs of a ProgramSet (roles ``trainer.<id>`` and
+    ``pserver@<endpoint>``):
+
+    - every ``send`` of a trainer has, on each endpoint of its ``epmap``, a pserver program whose
+      ``listen_and_serv`` receives the variable: its ``grad_to_block_id`` names it, or names the variable
+      it is a per-trainer copy of (``Variable.copy_of`` on the pserver's variable); shapes agree;
+    - every trainable parameter a trainer exchanges with the pservers (named by a send's
+      ``op_role_var`` or fetched by a recv) is updated by an optimizer op on some pserver, and each of
+      its slices by exactly one;
+    - the slices of each variable the pservers hold (``Variable.slice_of``/``slice_index``/
+      ``slice_offset``; a variable held whole is one block) tile it along dim 0 exactly once: no gap,
+      no overlap, dims 1.. and dtype as the trainer declares the variable, indices in row order.
+      Distributed lookup tables are sharded by id, not by rows, and are not tiled;
+    - every dense block that travels (sent, fetched, held as a slice or a received gradient) fits
+      ``MAX_MESSAGE_BYTES``.
     """
-    return []
+    return [p for _, _, p in _cross_located(program_set)]
 
 
 def verify_program_set(program_set: ProgramSet) -> None:
     """Verify each role's main program (``where`` prefixed ``ROLE/``) and startup program
-    (``ROLE/startup/``), then the cross-program checks; raise ``VerifyError`` listing every problem."""
+    (``ROLE/startup/``), then the cross-program checks; raise ``VerifyError`` listing every problem,
+    with an IR window around the first located one (per-program problems first)."""
     located: list[tuple[Program, str | None, Problem]] = []
     for role, progs in program_set.items():
         for prefix, program in ((role, progs.main), (f"{role}/startup", progs.startup)):
             located += [(program, prefix, p) for p in collect_problems(program, role=prefix)]
-    problems = [p for _, _, p in located] + cross_program_problems(program_set)
-    if problems:
-        _raise(located, problems)
+    located += _cross_located(program_set)
+    if located:
+        _raise(located, [p for _, _, p in located])

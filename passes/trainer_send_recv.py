@@ -82,6 +82,12 @@ class TrainerSendRecv(Pass):
         self._drop_optimize_ops(program)
         dummies: list[str] = []
         sent: dict[str, list[str]] = {}
+        # Unsliced gradients are renamed to their trainer copies in one pass over the ops.
+        renames = {pp.grad: plan.trainer_grad_name(pp.grad_blocks[0]) for pp in plan.params if not pp.is_sliced}
+        renames = {old: new for old, new in renames.items() if old != new}
+        block.rename_vars(renames)
+        for old, new in renames.items():
+            block.replace_var(new, copy_of=old, trainer_id=plan.trainer_id)
         for pp in plan.params:
             names = self._insert_send(block, plan, pp)
             sent[pp.param] = names
@@ -120,16 +126,13 @@ class TrainerSendRecv(Pass):
 
     @staticmethod
     def _insert_send(block: Block, plan: DistPlan, pp: ParamPlan) -> list[str]:
-        gvar = block.var(pp.grad)
         if not pp.is_sliced:
-            name = plan.trainer_grad_name(pp.grad_blocks[0])
-            if name != pp.grad:
-                block.rename_var(pp.grad, name)
-                block.replace_var(name, copy_of=pp.grad, trainer_id=plan.trainer_id)
+            name = plan.trainer_grad_name(pp.grad_blocks[0])  # renamed by run()
             names = [name]
             index = _last_writer(block, name)
         else:
             index = _last_writer(block, pp.grad)
+            gvar = block.var(pp.grad)
             names = []
             for b in pp.grad_blocks:
                 n = plan.trainer_grad_name(b)
@@ -155,8 +158,9 @@ class TrainerSendRecv(Pass):
 
 
 def _last_writer(block: Block, name: str) -> int:
-    for i in range(len(block.ops) - 1, -1, -1):
-        if name in block.ops[i].output_arg_names:
+    ops = block.ops
+    for i in range(len(ops) - 1, -1, -1):
+        if name in ops[i].output_arg_names:
             return i
     raise PassError(f"no op of the trainer program produces gradient {name!r}",
                     hint="the program must contain the backward pass (optimizer.minimize)", code="E630")

@@ -1,13 +1,21 @@
 """The ``flotilla`` command-line tool: inspect, check, compare and draw programs.
 
-Subcommands (each one a ``Command`` in ``COMMANDS``; later issues add ``transpile``, ``plan`` and
-``launch`` by registering more with ``register_command``):
+Subcommands (each one a ``Command`` in ``COMMANDS``; later issues add ``launch`` by registering more
+with ``register_command``):
 
 - ``flotilla dump PROGRAM [--block N] [--format text|json|dot]``
 - ``flotilla verify PROGRAM``: prints ``ok: N blocks, M ops`` (exit 0) or every problem (exit 1)
 - ``flotilla diff A B``: variable- and op-level differences per block; exit 0 when identical, 1 when
   different, as diff(1) does
 - ``flotilla graph PROGRAM -o FILE.dot|.svg|.png [--block N]`` (svg/png through Graphviz's ``dot``)
+- ``flotilla transpile MAIN --startup STARTUP --pservers EP,EP --trainers N [--trainer-id I] [--async]
+  [--split-method round_robin|hash_name] [--min-block-size N] [--no-slice] -o DIR``: writes every role's
+  main and startup programs as ``ROLE.main.pb``/``.txt`` and ``ROLE.startup.pb``/``.txt`` into DIR (the
+  role made filesystem-safe: ``pserver@127.0.0.1:6174`` → ``pserver@127.0.0.1_6174``); without
+  ``--trainer-id`` every trainer's programs are written
+- ``flotilla plan`` (the same inputs, no ``-o``) ``[--format text|dot|png] [--output FILE]``: which
+  parameter block goes to which pserver (param, block, rows, shape, bytes, endpoint), bytes per pserver
+  and the balance (max/mean bytes per pserver); png through Graphviz's ``dot``
 
 Invariants:
 - A PROGRAM file is told apart by content, never by extension: protobuf when it starts with the
@@ -15,8 +23,9 @@ Invariants:
 - A user mistake (missing or unreadable file, garbage, parse error, bad block index, unknown output
   extension, bad arguments) prints one ``flotilla: error: ...`` line on stderr (a parse error adds its
   source line and caret) and exits 2; it never shows a traceback.
-- This module imports only ``ir`` (and later ``passes``) at top level; ``runtime`` is imported lazily,
-  inside the commands that run programs, so inspecting programs needs no jax or grpc.
+- This module imports only ``ir`` at top level; the transpiler façade (and so ``passes``) is imported
+  inside ``transpile`` and ``plan``, and ``runtime`` inside the commands that run programs, so
+  inspecting programs needs no jax or grpc.
 """
 from __future__ import annotations
 
@@ -28,11 +37,12 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
-from typing import Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from ir.core import Block, Program
-from ir.errors import FlotillaError
+from ir.errors import FlotillaError, VerifyError
 from ir.export import program_to_dot, program_to_json
 from ir.parser import parse_program
 from ir.printer import format_block, format_op, format_program, format_var
@@ -303,6 +313,320 @@ def _run_graph(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- transpile and plan ----------------------------------------------------------------------------------
+
+SPLIT_METHODS = ("round_robin", "hash_name")
+PLAN_FORMATS = ("text", "dot", "png")
+_UNSAFE = re.compile(r"[^A-Za-z0-9@._-]")
+
+
+def role_file_stem(role: str) -> str:
+    """A filesystem-safe file-name stem for a role: ``pserver@127.0.0.1:6174`` → ``pserver@127.0.0.1_6174``
+    (every character outside ``A-Za-z0-9@._-`` becomes ``_``)."""
+    return _UNSAFE.sub("_", role)
+
+
+def _configure_transpile_inputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("main", metavar="MAIN", help="the training program (main), text or protobuf")
+    p.add_argument("--startup", required=True, metavar="STARTUP", help="its startup program, text or protobuf")
+    p.add_argument("--pservers", required=True, metavar="EP,EP",
+                   help="comma-separated pserver endpoints host:port")
+    p.add_argument("--trainers", required=True, type=int, metavar="N", help="number of trainers")
+    p.add_argument("--trainer-id", type=int, default=None, metavar="I", dest="trainer_id",
+                   help="the trainer to build (default: transpile: every trainer; plan: 0)")
+    p.add_argument("--async", action="store_true", dest="async_mode", help="asynchronous training (no barriers)")
+    p.add_argument("--split-method", choices=SPLIT_METHODS, default="round_robin", dest="split_method",
+                   help="how blocks are placed on pservers (default: round_robin)")
+    p.add_argument("--min-block-size", type=int, default=8192, metavar="N", dest="min_block_size",
+                   help="smallest block, in elements (default: 8192)")
+    p.add_argument("--no-slice", action="store_true", dest="no_slice",
+                   help="do not slice variables (slice_var_up=False): one block per variable")
+
+
+@dataclass(frozen=True)
+class _Transpiled:
+    """What a transpile command produced: every role's programs, the plan, warnings."""
+
+    programs: Any  # ir.program_set.ProgramSet
+    plan: Any  # passes.dist_plan.DistPlan
+    warnings: tuple[str, ...]
+
+
+def _transpile(args: argparse.Namespace, trainer_ids: Sequence[int]) -> _Transpiled:
+    """Transpile ``args.main`` once per trainer id; the set holds each trainer's role, then every
+    pserver's (from the first transpile: pserver programs do not depend on the trainer id)."""
+    # Imported here so that `flotilla dump` and friends load neither passes nor the façade.
+    from ir.program_set import ProgramSet
+    from transpiler import DistributeTranspiler, DistributeTranspilerConfig, HashName, RoundRobin
+
+    main = load_any_program(args.main)
+    startup = load_any_program(args.startup)
+    split = HashName if args.split_method == "hash_name" else RoundRobin
+    config = DistributeTranspilerConfig(slice_var_up=not args.no_slice, split_method=split,
+                                        min_block_size=args.min_block_size, wait_port=False)
+    programs = ProgramSet()
+    pservers: list[tuple[str, Program, Program]] = []
+    plan = None
+    notes: list[str] = []
+    for trainer_id in trainer_ids:
+        t = DistributeTranspiler(config)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # reported once, below, as `flotilla: warning:` lines
+                t.transpile(trainer_id, program=main, pservers=args.pservers, trainers=args.trainers,
+                            sync_mode=not args.async_mode, startup_program=startup)
+        except VerifyError as e:
+            raise UsageError(f"the transpiled programs do not verify: {e.problems[0]}"
+                             + (f" (and {len(e.problems) - 1} more problem(s))" if len(e.problems) > 1 else ""),
+                             hint=None) from None
+        done = t.program_set
+        for role, progs in done.items():
+            if role.startswith("trainer."):
+                programs.add(role, progs.main, progs.startup)
+            elif plan is None:
+                pservers.append((role, progs.main, progs.startup))
+        if plan is None:
+            plan = t.plan
+            notes = list(t.warnings)
+    for role, main_prog, startup_prog in pservers:
+        programs.add(role, main_prog, startup_prog)
+    return _Transpiled(programs, plan, tuple(notes))
+
+
+def _warn(notes: Sequence[str]) -> None:
+    for note in notes:
+        sys.stderr.write(f"{PROG}: warning: {note}\n")
+
+
+def _check_trainer_id(args: argparse.Namespace) -> None:
+    """Range-check ``--trainer-id`` against ``--trainers`` (the façade checks them too, but names the
+    Python arguments; this names the flags)."""
+    if args.trainers < 1:
+        raise UsageError(f"--trainers {args.trainers}: expected at least 1 trainer")
+    if args.trainer_id is not None and not 0 <= args.trainer_id < args.trainers:
+        raise UsageError(f"--trainer-id {args.trainer_id} is out of range: expected 0..{args.trainers - 1} "
+                         f"for --trainers {args.trainers}")
+
+
+def _configure_transpile(p: argparse.ArgumentParser) -> None:
+    _configure_transpile_inputs(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="directory to write ROLE.main.pb/.txt and ROLE.startup.pb/.txt into (created if needed)")
+
+
+def _count_ops_and_blocks(program: Program) -> str:
+    return f"{program.num_blocks} block(s), {_count_ops(program)} ops"
+
+
+def _run_transpile(args: argparse.Namespace) -> int:
+    from ir.serialize import save_program
+
+    _check_trainer_id(args)
+    ids = [args.trainer_id] if args.trainer_id is not None else list(range(args.trainers))
+    out_dir = args.output
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UsageError(f"-o {out_dir}: exists and is not a directory")
+    result = _transpile(args, ids)
+    stems: dict[str, str] = {}
+    for role in result.programs.roles:
+        stem = role_file_stem(role)
+        if stem in stems:
+            raise UsageError(f"roles {stems[stem]!r} and {role!r} map to the same file name {stem!r}",
+                             hint="give pservers endpoints that differ in letters, digits or dots")
+        stems[stem] = role
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lines = []
+        for stem, role in stems.items():
+            progs = result.programs[role]
+            for kind, program in (("main", progs.main), ("startup", progs.startup)):
+                save_program(program, os.path.join(out_dir, f"{stem}.{kind}.pb"))
+                with open(os.path.join(out_dir, f"{stem}.{kind}.txt"), "w", encoding="utf-8") as f:
+                    f.write(format_program(program))
+            lines.append(f"  {role}: main {_count_ops_and_blocks(progs.main)}; "
+                         f"startup {_count_ops_and_blocks(progs.startup)} -> {stem}.{{main,startup}}.{{pb,txt}}")
+    except OSError as e:
+        raise UsageError(f"cannot write into {out_dir}: {e.strerror or e}") from None
+    plan = result.plan
+    head = (f"transpiled {args.main}: {len(plan.pservers)} pserver(s), {plan.trainers} trainer(s), "
+            f"{'sync' if plan.sync_mode else 'async'}, {args.split_method}, "
+            f"{'min_block_size ' + str(plan.min_block_size) if plan.slice_var_up else 'no slicing'}")
+    _warn(result.warnings)
+    _write_stdout("\n".join([head, *lines, f"wrote {4 * len(stems)} files to {out_dir}"]) + "\n")
+    return EXIT_OK
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One block of the plan: which parameter, which block, its rows, its bytes, where it lives."""
+
+    param: str
+    block: str
+    first_row: int
+    rows: int
+    shape: tuple[int, ...]
+    nbytes: int
+    endpoint: str
+
+
+def plan_rows(plan: Any, programs: Any) -> list[PlanRow]:
+    """Every parameter block of ``plan`` (params in plan order, blocks in index order; a distributed
+    table as one shard per pserver), sized with the dtypes the trainer program declares."""
+    from ir.verify import ITEMSIZE
+
+    trainer = next(progs.main for role, progs in programs.items() if role.startswith("trainer."))
+    gblock = trainer.global_block()
+
+    def itemsize(name: str) -> int:
+        var = gblock.find_var_recursive(name)
+        return ITEMSIZE.get(var.dtype, 4) if var is not None else 4
+
+    rows: list[PlanRow] = []
+    for pp in plan.params:
+        size = itemsize(pp.param)
+        for pblock, _, ep in pp.blocks():
+            rows.append(PlanRow(pp.param, pblock.name, pblock.offset_rows, pblock.rows, tuple(pblock.shape),
+                                pblock.numel * size, ep))
+    table = plan.table
+    if table is not None:
+        size = itemsize(table.table)
+        shard_numel = 1
+        for d in table.shard_shape:
+            shard_numel *= d
+        for i, ep in enumerate(table.endpoints):
+            rows.append(PlanRow(table.table, f"{table.table} (shard {i}: ids % {len(table.endpoints)} == {i})",
+                                0, table.shard_rows, tuple(table.shard_shape), shard_numel * size, ep))
+    return rows
+
+
+def plan_loads(plan: Any, rows: Sequence[PlanRow]) -> dict[str, tuple[int, int]]:
+    """Per pserver endpoint (in the user's order): (blocks, bytes)."""
+    loads = {ep: (0, 0) for ep in plan.pservers}
+    for r in rows:
+        n, b = loads[r.endpoint]
+        loads[r.endpoint] = (n + 1, b + r.nbytes)
+    return loads
+
+
+def plan_balance(loads: dict[str, tuple[int, int]]) -> float | None:
+    """max/mean of the bytes per pserver (1.0 is perfect balance); None when nothing is placed."""
+    sizes = [b for _, b in loads.values()]
+    mean = sum(sizes) / len(sizes) if sizes else 0.0
+    return max(sizes) / mean if mean > 0 else None
+
+
+def _table(header: Sequence[str], body: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
+    out = []
+    for row in [header, *body]:
+        cells = [str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def format_plan_text(plan: Any, rows: Sequence[PlanRow]) -> str:
+    head = (f"plan: {len(plan.pservers)} pserver(s), {plan.trainers} trainer(s), "
+            f"{'sync' if plan.sync_mode else 'async'}, "
+            f"{'min_block_size ' + str(plan.min_block_size) if plan.slice_var_up else 'no slicing'}")
+    body = [(r.param, r.block, f"[{r.first_row}, {r.first_row + r.rows})", _fmt_dims(r.shape), str(r.nbytes),
+             r.endpoint) for r in rows]
+    lines = [head, ""]
+    lines += _table(("param", "block", "rows", "shape", "bytes", "endpoint"), body, {4})
+    loads = plan_loads(plan, rows)
+    lines.append("")
+    lines += _table(("endpoint", "blocks", "bytes"), [(ep, str(n), str(b)) for ep, (n, b) in loads.items()], {1, 2})
+    balance = plan_balance(loads)
+    total = sum(b for _, b in loads.values())
+    lines.append("")
+    lines.append(f"total {total} bytes in {len(rows)} block(s); balance (max/mean bytes per pserver): "
+                 + (f"{balance:.3f}" if balance is not None else "n/a (nothing placed)"))
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_dims(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _dot_id(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def format_plan_dot(plan: Any, rows: Sequence[PlanRow]) -> str:
+    """The plan as a Graphviz digraph: parameters on the left, pservers on the right, one edge per block."""
+    loads = plan_loads(plan, rows)
+    lines = ["digraph plan {", "  rankdir=LR;", '  node [fontname="monospace", fontsize=10];',
+             '  edge [fontname="monospace", fontsize=9];']
+    params: dict[str, tuple[int, ...]] = {}
+    for pp in plan.params:
+        first = pp.param_blocks[0]
+        params[pp.param] = (sum(b.rows for b in pp.param_blocks),) + tuple(first.shape[1:])
+    if plan.table is not None:
+        params[plan.table.table] = tuple(plan.table.shape)
+    for name, shape in params.items():
+        lines.append(f"  {_dot_id('param:' + name)} [shape=ellipse, label={_dot_id(name + chr(10) + _fmt_dims(shape))}];")
+    for ep, (n, b) in loads.items():
+        label = f"{ep}\n{n} block(s), {b} bytes"
+        lines.append(f"  {_dot_id('pserver:' + ep)} [shape=box, label={_dot_id(label)}];")
+    for r in rows:
+        label = f"{r.block}\nrows [{r.first_row}, {r.first_row + r.rows}), {r.nbytes} B"
+        lines.append(f"  {_dot_id('param:' + r.param)} -> {_dot_id('pserver:' + r.endpoint)} [label={_dot_id(label)}];")
+    balance = plan_balance(loads)
+    lines.append(f"  label={_dot_id('balance (max/mean bytes): ' + (f'{balance:.3f}' if balance else 'n/a'))};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _configure_plan(p: argparse.ArgumentParser) -> None:
+    _configure_transpile_inputs(p)
+    p.add_argument("--format", choices=PLAN_FORMATS, default="text", help="output form (default: text)")
+    p.add_argument("--output", metavar="FILE", default=None,
+                   help="write here instead of stdout (required for --format png)")
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    _check_trainer_id(args)
+    dot_exe = None
+    if args.format == "png":
+        if args.output is None:
+            raise UsageError("--format png needs --output FILE.png (a picture is not written to stdout)")
+        dot_exe = shutil.which("dot")
+        if dot_exe is None:
+            raise UsageError(f"cannot write {args.output}: Graphviz's dot is not installed (not found on PATH); "
+                             "use --format dot and render it with Graphviz elsewhere")
+    result = _transpile(args, [args.trainer_id or 0])
+    rows = plan_rows(result.plan, result.programs)
+    _warn(result.warnings)
+    if args.format == "text":
+        text = format_plan_text(result.plan, rows)
+    else:
+        text = format_plan_dot(result.plan, rows)
+    if dot_exe is not None:
+        _render_dot(dot_exe, text, "png", args.output)
+        return EXIT_OK
+    if args.output is None:
+        _write_stdout(text)
+        return EXIT_OK
+    try:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"cannot write {args.output}: {e.strerror or e}") from None
+    return EXIT_OK
+
+
+def _render_dot(dot_exe: str, dot_text: str, fmt: str, output: str) -> None:
+    """Run Graphviz's ``dot -T<fmt> -o <output>`` on ``dot_text``; a failure is one UsageError line."""
+    try:
+        done = subprocess.run([dot_exe, f"-T{fmt}", "-o", output], input=dot_text.encode("utf-8"),
+                              capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise UsageError(f"cannot write {output}: running Graphviz's dot failed: {e}") from None
+    if done.returncode != 0:
+        detail = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise UsageError(f"cannot write {output}: Graphviz's dot exited with status {done.returncode}"
+                         + (f": {detail[0]}" if detail else ""))
+
+
 # --- running -------------------------------------------------------------------------------------------
 
 
@@ -352,6 +676,10 @@ register_command(Command("diff", "show how program B differs from program A (exi
                          _configure_diff, _run_diff))
 register_command(Command("graph", "draw a block as a graph: .dot, or .svg/.png through Graphviz",
                          _configure_graph, _run_graph))
+register_command(Command("transpile", "transpile a training program for parameter servers; write every role's "
+                         "programs (.pb and .txt) into a directory", _configure_transpile, _run_transpile))
+register_command(Command("plan", "show which parameter block goes to which pserver, bytes per pserver and the "
+                         "balance (text, dot or png)", _configure_plan, _run_plan))
 
 
 if __name__ == "__main__":
