@@ -31,6 +31,12 @@ def trainer_copy_name(name: str, trainer_id: int) -> str:
     return f"{name}.trainer_{trainer_id}"
 
 
+def dc_asgd_backup_name(param: str, trainer_id: int) -> str:
+    """DC-ASGD: the pserver's copy of ``param`` as trainer ``trainer_id`` last fetched it:
+    ``fc_w.block0`` → ``fc_w.block0.trainer_1_bak`` (recorded as ``copy_of``/``trainer_id``)."""
+    return f"{param}.trainer_{trainer_id}_bak"
+
+
 class UniqueNameGenerator:
     """Hands out ``prefix_N`` names, counting per prefix."""
 

@@ -7,8 +7,9 @@ Sharding: pserver ``i`` of ``n`` holds the table rows whose global id ``r`` has 
 local row ``r // n``. Every shard declares ``ceil(rows / n)`` rows (the same for all, so the last
 shards may have one unused row). Shards are NOT contiguous row ranges: the shard variable records
 ``slice_of = table``, ``slice_index = i`` and ``slice_offset = i`` meaning "the first global row
-held", with the stride ``n`` implied by the sharding (the cross-program verifier does not tile
-distributed tables).
+held"; the stride ``n`` is the ``pservers`` attribute of every pserver's ``listen_and_serv`` (set by
+``pserver_program``), which the runtime uses to map global rows to local ones (the cross-program
+verifier does not tile distributed tables).
 
 Guarantees:
 - trainer main: every ``lookup_table`` on the table is removed; at the first one's place
@@ -45,7 +46,7 @@ from passes.collect_params import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_o
 from passes.dist_plan import DistPlan, TablePlan
 from passes.pass_base import Pass, PassContext, PassError
 from passes.pserver_program import _copy_op, pserver_role
-from passes.trainer_send_recv import _last_writer, control_var, rpc_attrs, send_dummy_name, trainer_role
+from passes.trainer_send_recv import control_var, last_writers, rpc_attrs, send_dummy_name, trainer_role
 
 CHECKPOINT_PATH = "none"  # Fluid's kLookupTablePath placeholder: checkpoint_notify gives the directory
 
@@ -120,7 +121,7 @@ class DistributedTable(Pass):
             block.add_var(Variable(name=name, shape=gvar.shape, dtype=gvar.dtype, type="selected_rows",
                                    copy_of=table.shard_grad_name(i) if tid is not None else None, trainer_id=tid))
             shards.append(name)
-        index = _last_writer(block, table.grad)
+        index = last_writers(block, [table.grad])[table.grad]
         block.insert_op(index + 1, "split_ids", {"Ids": [table.grad]}, {"Out": shards}, dist)
         dummy = send_dummy_name(table.grad)
         control_var(block, dummy)

@@ -21,7 +21,8 @@ Guarantees, per endpoint:
 - DC-ASGD (``enable_dc_asgd``, async): per slice and trainer a backup ``<slice>.trainer_<k>_bak``
   (``copy_of``/``trainer_id``) in block 0; the optimize block starts with ``ref_by_trainer_id`` and the
   compensation ``g + g*g*(w - bak)`` that the optimizer op then uses as ``Grad``.
-- ``grad_to_block_id`` lists ``"<merged grad>:<block>"`` in block order.
+- ``grad_to_block_id`` lists ``"<merged grad>:<block>"`` in block order; ``pservers`` is the number of
+  pserver endpoints (the row stride of a distributed table's shards).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import warnings
 from dataclasses import dataclass
 
 from ir.core import Block, Operator, Program, Variable
-from ir.names import block_name
+from ir.names import block_name, dc_asgd_backup_name
 from ir.ops.registry import BlockRef
 from ir.program_set import ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
@@ -114,6 +115,14 @@ class PserverProgram(Pass):
         grad_to_block: list[str] = []
         sparse_to_param: list[str] = []
         opt_ops = optimize_ops(origin)
+        chains: dict[str, list[Operator]] = {}  # parameter -> its optimize ops, in program order
+        for op in opt_ops:
+            rv = op.role_var
+            if rv:
+                chains.setdefault(rv[0], []).append(op)
+        owned_blocks: dict[str, list[int]] = {}
+        for owned_pp, i in owned:
+            owned_blocks.setdefault(owned_pp.param, []).append(i)
         for op in opt_ops:
             if not is_optimizer_op(op):
                 continue
@@ -121,12 +130,10 @@ class PserverProgram(Pass):
             if not plan.has_param(param):
                 continue
             pp = plan.param_plan(param)
-            for owned_pp, i in owned:
-                if owned_pp.param != param:
-                    continue
+            for i in owned_blocks.get(param, []):
                 blk = prog.create_block(pre_block)
                 prog.rollback()
-                self._fill_block(blk, ob, plan, pp, i, opt_ops)
+                self._fill_block(blk, ob, plan, pp, i, chains.get(pp.param, []))
                 opt_blocks.append(blk.idx)
                 grad_to_block.append(f"{pp.grad_blocks[i].name}:{blk.idx}")
                 if pp.sparse:
@@ -143,7 +150,7 @@ class PserverProgram(Pass):
             "grad_to_block_id": grad_to_block, "sparse_grad_to_param": sparse_to_param,
             "sync_mode": plan.sync_mode, "pserver_id": plan.endpoint_index(ep), "lr_decay_block_id": lr_block,
             "distributed_mode": 0 if plan.sync_mode else 1, "dc_asgd": plan.enable_dc_asgd,
-            OP_ROLE_ATTR: int(OpRole.RPC)})
+            "pservers": len(plan.pservers), OP_ROLE_ATTR: int(OpRole.RPC)})
         return prog
 
     def _lr_block(self, origin: Program, prog: Program, lrs: list[Operator]) -> int:
@@ -179,7 +186,9 @@ class PserverProgram(Pass):
             _copy_op(nb, op, {}, block_map)
 
     def _fill_block(self, blk: Block, ob: Block, plan: DistPlan, pp: ParamPlan, i: int,
-                    opt_ops: list[Operator]) -> None:
+                    chain: list[Operator]) -> None:
+        """Fill optimize block ``blk`` for block ``i`` of ``pp``'s parameter; ``chain`` is the
+        parameter's optimize ops (``op_role_var`` naming it first), in program order."""
         prog = blk.program
         g = prog.global_block()
         pb, gb = pp.param_blocks[i], pp.grad_blocks[i]
@@ -189,7 +198,6 @@ class PserverProgram(Pass):
             blk.append_op("sum", {"X": copies}, {"Out": [gb.name]}, {**attrs, "use_mkldnn": False})
             blk.append_op("scale", {"X": [gb.name]}, {"Out": [gb.name]}, {**attrs, "scale": 1.0 / plan.trainers})
         dc_grad = _dc_asgd_ops(blk, plan, pp, i) if plan.enable_dc_asgd else None
-        chain = [op for op in opt_ops if op.role_var[:1] == [pp.param]]
         written = {n for op in chain for n in op.output_arg_names}
         rename = {pp.param: pb.name, pp.grad: gb.name}
         for op in chain:
@@ -224,11 +232,6 @@ class PserverProgram(Pass):
 
 
 TRAINER_ID_VAR = "@TRAINER_ID@"  # set by the runtime to the id of the trainer whose gradient is applied
-
-
-def dc_asgd_backup_name(param: str, trainer_id: int) -> str:
-    """The pserver's copy of ``param`` as trainer ``trainer_id`` last fetched it (DC-ASGD)."""
-    return f"{param}.trainer_{trainer_id}_bak"
 
 
 def _dc_asgd_ops(blk: Block, plan: DistPlan, pp: ParamPlan, i: int) -> str:

@@ -13,21 +13,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ir.core import Operator, Program
+from ir.names import dc_asgd_backup_name
 from ir.program_set import ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.dist_plan import DistPlan
 from passes.pass_base import Pass, PassContext
-from passes.pserver_program import _copy_op, dc_asgd_backup_name, pserver_role
+from passes.pserver_program import _copy_op, pserver_role
 
 
-def _held_as(program: Program, origin: str) -> list[str]:
-    """Names of block-0 variables of ``program`` that hold ``origin`` (itself, slices, whole copies)."""
-    out = []
+def held_as_index(program: Program) -> dict[str, list[str]]:
+    """For every origin name, the block-0 variables of ``program`` that hold it, in declaration order:
+    the variable itself, its slices (``slice_of``) and its whole copies (``copy_of`` without a
+    ``trainer_id``). Built in one pass over the variables."""
+    index: dict[str, list[str]] = {}
     for v in program.global_block().vars.values():
-        if v.name == origin or (v.slice_of == origin) or (v.copy_of == origin and v.trainer_id is None):
-            out.append(v.name)
-    return out
+        origins = [v.name, v.slice_of, v.copy_of if v.trainer_id is None else None]
+        for origin in dict.fromkeys(o for o in origins if o is not None):
+            index.setdefault(origin, []).append(v.name)
+    return index
 
 
 @dataclass(frozen=True)
@@ -53,13 +57,14 @@ class PserverStartup(Pass):
         for v in main.global_block().vars.values():
             g.add_var(v)
         src = origin_startup.global_block()
+        held = held_as_index(main)
         for op in src.ops:
             if op.type in ("recv", "fetch_barrier", "concat"):
                 continue
             outs = op.output_arg_names
             if not outs:
                 continue
-            for target in _held_as(main, outs[0]):
+            for target in held.get(outs[0], []):
                 for n in op.input_arg_names:
                     if not g.has_var(n):
                         g.add_var(src.var_recursive(n))

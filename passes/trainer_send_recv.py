@@ -80,7 +80,6 @@ class TrainerSendRecv(Pass):
         program = programs[trainer_role(plan.trainer_id)].main
         block = program.global_block()
         self._drop_optimize_ops(program)
-        dummies: list[str] = []
         sent: dict[str, list[str]] = {}
         # Unsliced gradients are renamed to their trainer copies in one pass over the ops.
         renames = {pp.grad: plan.trainer_grad_name(pp.grad_blocks[0]) for pp in plan.params if not pp.is_sliced}
@@ -88,10 +87,18 @@ class TrainerSendRecv(Pass):
         block.rename_vars(renames)
         for old, new in renames.items():
             block.replace_var(new, copy_of=old, trainer_id=plan.trainer_id)
+        # Variables are declared in plan order. One backward scan finds every gradient's last writer;
+        # the ops are then inserted from the end of the block, so the positions computed before any
+        # insertion stay valid. Gradients with the same last writer go in plan order, each right after
+        # the writer (the later one's ops end up first), as if each send were placed one by one.
+        produced = [pp.grad if pp.is_sliced else plan.trainer_grad_name(pp.grad_blocks[0]) for pp in plan.params]
+        writers = last_writers(block, produced)
         for pp in plan.params:
-            names = self._insert_send(block, plan, pp)
-            sent[pp.param] = names
-            dummies.append(send_dummy_name(pp.grad))
+            sent[pp.param] = self._declare_send_vars(block, plan, pp)
+        for k in sorted(range(len(plan.params)), key=lambda k: -writers[produced[k]]):
+            pp = plan.params[k]
+            self._insert_send(block, plan, pp, sent[pp.param], writers[produced[k]])
+        dummies = [send_dummy_name(pp.grad) for pp in plan.params]
         barrier = [SEND_BARRIER_OUT]
         if plan.sync_mode:
             control_var(block, SEND_BARRIER_OUT)
@@ -121,17 +128,18 @@ class TrainerSendRecv(Pass):
     def _drop_optimize_ops(program: Program) -> None:
         block = program.global_block()
         doomed = {id(op) for op in optimize_ops(program) + lr_ops(program)}
-        for op in [op for op in block.ops if id(op) in doomed]:
-            block.remove_op(op)
+        # By index, from the end: removing by op would search the block once per op.
+        for index in reversed([i for i, op in enumerate(block.ops) if id(op) in doomed]):
+            block.remove_op(index)
 
     @staticmethod
-    def _insert_send(block: Block, plan: DistPlan, pp: ParamPlan) -> list[str]:
+    def _declare_send_vars(block: Block, plan: DistPlan, pp: ParamPlan) -> list[str]:
+        """Declare the gradient blocks ``pp``'s gradient is sent as (one per slice, sliced gradients)
+        and its send's control output; return the names sent. An unsliced gradient is sent under its
+        trainer copy's name (renamed by ``run``)."""
         if not pp.is_sliced:
-            name = plan.trainer_grad_name(pp.grad_blocks[0])  # renamed by run()
-            names = [name]
-            index = _last_writer(block, name)
+            names = [plan.trainer_grad_name(pp.grad_blocks[0])]
         else:
-            index = _last_writer(block, pp.grad)
             gvar = block.var(pp.grad)
             names = []
             for b in pp.grad_blocks:
@@ -141,26 +149,40 @@ class TrainerSendRecv(Pass):
                                        copy_of=b.name if n != b.name else None,
                                        trainer_id=plan.trainer_id if n != b.name else None))
                 names.append(n)
-            if pp.sparse:
-                block.insert_op(index + 1, "split_selected_rows", {"X": [pp.grad]}, {"Out": names},
-                                {"height_sections": pp.sections, OP_ROLE_ATTR: int(OpRole.DIST)})
-            else:
-                block.insert_op(index + 1, "split_byref", {"X": [pp.grad]}, {"Out": names},
-                                {"sections": pp.sections, OP_ROLE_ATTR: int(OpRole.DIST)})
-            index += 1
-        dummy = send_dummy_name(pp.grad)
-        control_var(block, dummy)
-        role_grad = names[0] if not pp.is_sliced else pp.grad
-        block.insert_op(index + 1, "send", {"X": names}, {"Out": [dummy]},
-                        rpc_attrs(epmap=list(pp.endpoints), sync_mode=not plan.sync_mode, trainer_id=plan.trainer_id,
-                                  **{OP_ROLE_VAR_ATTR: [pp.param, role_grad]}))
+        control_var(block, send_dummy_name(pp.grad))
         return names
 
+    @staticmethod
+    def _insert_send(block: Block, plan: DistPlan, pp: ParamPlan, names: list[str], index: int) -> None:
+        """Insert the split (sliced gradients) and the send of ``pp``'s gradient, as ``names``, right
+        after op ``index``, the gradient's last writer."""
+        if pp.is_sliced:
+            split = "split_selected_rows" if pp.sparse else "split_byref"
+            sections = "height_sections" if pp.sparse else "sections"
+            block.insert_op(index + 1, split, {"X": [pp.grad]}, {"Out": names},
+                            {sections: pp.sections, OP_ROLE_ATTR: int(OpRole.DIST)})
+            index += 1
+        role_grad = names[0] if not pp.is_sliced else pp.grad
+        block.insert_op(index + 1, "send", {"X": names}, {"Out": [send_dummy_name(pp.grad)]},
+                        rpc_attrs(epmap=list(pp.endpoints), sync_mode=not plan.sync_mode, trainer_id=plan.trainer_id,
+                                  **{OP_ROLE_VAR_ATTR: [pp.param, role_grad]}))
 
-def _last_writer(block: Block, name: str) -> int:
+
+def last_writers(block: Block, names: list[str]) -> dict[str, int]:
+    """The index of the last op of ``block`` writing each of ``names``, found in one backward scan.
+
+    Raises ``PassError`` (E630) naming the first of ``names`` that no op produces."""
+    wanted = set(names)
+    found: dict[str, int] = {}
     ops = block.ops
     for i in range(len(ops) - 1, -1, -1):
-        if name in ops[i].output_arg_names:
-            return i
-    raise PassError(f"no op of the trainer program produces gradient {name!r}",
-                    hint="the program must contain the backward pass (optimizer.minimize)", code="E630")
+        if len(found) == len(wanted):
+            break
+        for n in ops[i].output_arg_names:
+            if n in wanted and n not in found:
+                found[n] = i
+    for name in names:
+        if name not in found:
+            raise PassError(f"no op of the trainer program produces gradient {name!r}",
+                            hint="the program must contain the backward pass (optimizer.minimize)", code="E630")
+    return found

@@ -6,6 +6,7 @@ import pathlib
 import pytest
 
 from ir.errors import FlotillaError
+from ir.names import dc_asgd_backup_name
 from ir.verify import verify, verify_program_set
 from tests.conftest import Golden
 from tests.transpiler.test_distribute_transpiler import build_fc, transpile
@@ -32,7 +33,10 @@ def test_dc_asgd_pserver_blocks() -> None:
     assert blk.ops[1].input("X") == ["fc_w.block1"] and blk.ops[1].input("Y") == ["fc_w.block1.local_bak"]
     assert blk.ops[5].input("Grad") == blk.ops[4].output("Out")
     assert blk.ops[4].input("X") == ["fc_w@GRAD.block1"]
-    bak = ps.global_block().var("fc_w.block1.trainer_1_bak")
+    # The runtime finds the backups through ir.names.dc_asgd_backup_name: the names must agree.
+    assert dc_asgd_backup_name("fc_w.block1", 1) == "fc_w.block1.trainer_1_bak"
+    assert blk.ops[0].input("X") == [dc_asgd_backup_name("fc_w.block1", t) for t in range(2)]
+    bak = ps.global_block().var(dc_asgd_backup_name("fc_w.block1", 1))
     assert bak.shape == (500, 1000) and bak.copy_of == "fc_w.block1" and bak.trainer_id == 1
     assert ps.global_block().ops[0].attr("dc_asgd") is True
     assigns = [(op.input("X"), op.output("Out")) for op in st.global_block().ops if op.type == "assign"]

@@ -1,16 +1,27 @@
-"""The distributed lookup table rewrite (pass ``distributed_table``) on a CTR-like model."""
+"""The distributed lookup table rewrite (pass ``distributed_table``) on a CTR-like model, and a
+property test over random distributed-table programs (table size, width, optimizer, pservers,
+trainers, sync/async): the ProgramSet verifies, every shard has ``ceil(rows / n)`` rows, every
+``listen_and_serv`` carries ``pservers == n``, and transpiling again gives identical bytes."""
 from __future__ import annotations
 
 import pathlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from ir.core import Program
+from ir import layers, optimizer
+from ir.core import Program, program_guard
 from ir.errors import FlotillaError
-from ir.verify import verify, verify_program_set
+from ir.names import unique_name
+from ir.param_attr import ParamAttr
+from ir.serialize import program_to_bytes
+from ir.verify import cross_program_problems, verify, verify_program_set
 from tests.conftest import Golden
 from tests.passes.ctr_model import transpile_ctr
+from transpiler import DistributeTranspiler
 
 GOLDENS = pathlib.Path(__file__).parent.parent / "transpiler" / "goldens"
 EP0, EP1 = "127.0.0.1:6174", "127.0.0.1:6175"
@@ -115,3 +126,101 @@ def test_deterministic() -> None:
 def test_golden(name: str, kw: dict[str, Any], request: pytest.FixtureRequest) -> None:
     golden = Golden(GOLDENS, request.config.getoption("--update-goldens"))
     golden.check(f"{name}.txt", transpile_ctr(**kw).program_set.to_string())
+
+
+# --- property: random distributed-table programs ---------------------------------------------------------
+
+TABLE_OPTIMIZERS: dict[str, Callable[[], optimizer.Optimizer]] = {
+    "sgd": lambda: optimizer.SGD(0.1), "adagrad": lambda: optimizer.Adagrad(0.1), "adam": lambda: optimizer.Adam(0.1),
+}
+
+
+@dataclass(frozen=True)
+class TableCase:
+    """A model with one distributed table [rows, width] and a dense fc, and the cluster it runs on."""
+
+    rows: int
+    width: int
+    slots: int
+    opt: str
+    pservers: int
+    trainers: int
+    trainer_id: int
+    sync: bool
+
+    def build(self) -> tuple[Program, Program]:
+        main, startup = Program(), Program()
+        with unique_name.guard(), program_guard(main, startup):
+            ids = layers.data(name="ids", shape=[self.slots], dtype="int64")
+            emb = layers.embedding(ids, size=[self.rows, self.width], is_sparse=True, is_distributed=True,
+                                   param_attr=ParamAttr(name="table"))
+            pred = layers.fc(layers.reshape(emb, [-1, self.slots * self.width]), 1)
+            loss = layers.mean(layers.square_error_cost(input=pred, label=layers.data(name="y", shape=[1])))
+            TABLE_OPTIMIZERS[self.opt]().minimize(loss)
+        return main, startup
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"127.0.0.1:{7000 + i}" for i in range(self.pservers)]
+
+    def transpile(self) -> DistributeTranspiler:
+        t = DistributeTranspiler()
+        main, startup = self.build()
+        t.transpile(self.trainer_id, program=main, pservers=",".join(self.endpoints), trainers=self.trainers,
+                    sync_mode=self.sync, startup_program=startup)
+        return t
+
+
+@st.composite
+def table_cases(draw: st.DrawFn) -> TableCase:
+    trainers = draw(st.integers(1, 8))
+    return TableCase(rows=draw(st.integers(1, 5000)), width=draw(st.integers(1, 16)), slots=draw(st.integers(1, 4)),
+                     opt=draw(st.sampled_from(sorted(TABLE_OPTIMIZERS))), pservers=draw(st.integers(1, 8)),
+                     trainers=trainers, trainer_id=draw(st.integers(0, trainers - 1)), sync=draw(st.booleans()))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(table_cases())
+def test_random_distributed_tables(case: TableCase) -> None:
+    t = case.transpile()
+    programs = t.program_set
+    assert programs.roles == [f"trainer.{case.trainer_id}"] + [f"pserver@{ep}" for ep in case.endpoints]
+    assert cross_program_problems(programs) == []
+    verify_program_set(programs)
+    n = case.pservers
+    shard_rows = -(-case.rows // n)
+    assert shard_rows * n >= case.rows > (shard_rows - 1) * n
+    sharded = {"table"}
+    for i, ep in enumerate(case.endpoints):
+        ps, st_prog = t.get_pserver_programs(ep)
+        g = ps.global_block()
+        shard = g.var("table")
+        assert shard.shape == (shard_rows, case.width)
+        assert (shard.slice_of, shard.slice_index, shard.slice_offset) == ("table", i, i)
+        serv = [op for op in g.ops if op.type == "listen_and_serv"]
+        assert len(serv) == 1
+        assert serv[0].attr("pservers") == n
+        assert serv[0].attr("pserver_id") == i
+        # The table's optimizer runs sparsely on the shard; its row-shaped accumulators are sharded too.
+        table_opt = [op for b in ps.blocks for op in b.ops if op.type == case.opt and op.input("Param") == ["table"]]
+        assert len(table_opt) == 1
+        assert table_opt[0].input("Grad") == [f"table@GRAD.pserver_{i}"]
+        for slot in {"adagrad": ["Moment"], "adam": ["Moment1", "Moment2"], "sgd": []}[case.opt]:
+            acc = table_opt[0].input(slot)[0]
+            sharded.add(acc)
+            assert g.var(acc).shape == (shard_rows, case.width), (slot, acc)
+        init = {name for op in st_prog.global_block().ops for name in op.output_arg_names}
+        assert sharded <= init
+        for op in st_prog.global_block().ops:
+            if op.output_arg_names[:1] and op.output_arg_names[0] in sharded and op.has_attr("shape"):
+                assert op.attr("shape") == [shard_rows, case.width]
+    trainer = t.get_trainer_program(wait_port=False)
+    prefetch = [op for op in trainer.global_block().ops if op.type == "prefetch"]
+    assert len(prefetch) == 1 and prefetch[0].attr("height_sections") == [shard_rows] * n
+    assert prefetch[0].attr("epmap") == case.endpoints
+    # The table never lives on the trainer: only lookup_table_grad still names it (for its height).
+    assert {op.type for op in trainer.global_block().ops if "table" in op.input_arg_names} <= {"lookup_table_grad"}
+    again = case.transpile().program_set
+    assert again.to_string() == programs.to_string()
+    assert [(r, program_to_bytes(p.main), program_to_bytes(p.startup)) for r, p in again.items()] == [
+        (r, program_to_bytes(p.main), program_to_bytes(p.startup)) for r, p in programs.items()]
