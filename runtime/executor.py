@@ -22,7 +22,8 @@ import numpy as np
 from ir.core import Block, Operator, Program, Variable, default_main_program
 from ir.names import EMPTY_VAR_NAME
 from ir.ops.registry import find_op_def, suggest
-from runtime.kernels.registry import RNG_SLOT, get_host_kernel, get_kernel, has_kernel, is_host_op
+from runtime.kernels.registry import (RNG_SLOT, get_host_kernel, get_kernel, has_kernel, is_host_op,
+                                      shape_only_slots)
 from runtime.place import CPUPlace, CUDAPlace
 from runtime.scope import ExecutionError, Scope, SelectedRows, global_scope
 
@@ -126,6 +127,16 @@ class Executor:
             results.append(_to_numpy(value) if return_numpy else value)
         return results
 
+    def run_block(self, program: Program, block_idx: int, scope: Scope) -> None:
+        """Run block ``block_idx`` of ``program`` (e.g. a pserver's optimize block) against ``scope``: reads
+        fall through to ``scope``, persistable results are written to it, temporaries die with the run.
+        Compiled and cached like ``run``; safe to call from several threads for different blocks."""
+        if self._closed:
+            raise ExecutionError("this Executor is closed", hint="create a new runtime.Executor")
+        plan = self._plan(program, (), (), block_idx)
+        self._execute(program, program.block(block_idx), plan, _RunScope(scope, plan.persistable))
+        plan.runs += 1
+
     def close(self) -> None:
         """Release the executor; hooks registered by distributed kernels (e.g. telling pservers this
         trainer is done) run here."""
@@ -165,13 +176,14 @@ class Executor:
         return arr  # handed to the compiled call as is: one transfer with the call, not one per feed
 
     # --- planning
-    def _plan(self, program: Program, feed: tuple[str, ...], fetch: tuple[str, ...]) -> _Plan:
+    def _plan(self, program: Program, feed: tuple[str, ...], fetch: tuple[str, ...], block_idx: int = 0) -> _Plan:
         per_program = self._plans.setdefault(program, {})
-        key = (program.version, feed, fetch)
+        key = (program.version, block_idx, feed, fetch)
         plan = per_program.get(key)
         if plan is None:
-            per_program.clear()  # an older version's plans are dead
-            plan = self._build_plan(program, program.global_block(), fetch)
+            for stale in [k for k in per_program if k[0] != program.version]:
+                del per_program[stale]  # an older version's plans are dead
+            plan = self._build_plan(program, program.block(block_idx), fetch)
             per_program[key] = plan
         return plan
 
@@ -195,6 +207,10 @@ class Executor:
                 groups.append([(i, op)])
         # Variables needed after each step: read by later steps, fetched, or persistable.
         persistable = {n for n, v in _all_vars(program) if v.persistable}
+        if block.idx != 0:
+            # A sub-block run on its own (a pserver's optimize or learning-rate block) keeps what it
+            # writes into global variables: they are state shared with the other blocks.
+            persistable |= set(program.global_block().vars)
         needed_later: set[str] = set(fetch)
         steps: list[Any] = []
         for group in reversed(groups):
@@ -213,7 +229,7 @@ class Executor:
         reads: list[str] = []
         written: dict[str, None] = {}
         for _, op in ops:
-            for n in op.input_arg_names:
+            for n in _value_inputs(op):
                 if n not in written and n not in reads and n != EMPTY_VAR_NAME:
                     reads.append(n)
             for n in op.output_arg_names:
@@ -267,7 +283,10 @@ def _trace_run(run: _PureRun, block: Block) -> Any:
         env.update(zip(run.kept, kept))
         key = jax.random.fold_in(jax.random.PRNGKey(program_seed), runs) if any(r for *_, r in ops) else None
         for i, op, kern, attrs, random in ops:
-            ins = {slot: [env[n] for n in names if n != EMPTY_VAR_NAME] for slot, names in op.inputs.items()}
+            shape_only = shape_only_slots(op.type)
+            ins = {slot: [env[n] if slot not in shape_only else _declared(block, n) for n in names
+                          if n != EMPTY_VAR_NAME]
+                   for slot, names in op.inputs.items()}
             if random:
                 # Fluid's dropout honours its seed only with fix_seed; other random ops always do.
                 op_seed = attrs.get("seed", 0) if attrs.get("fix_seed", True) else 0
@@ -284,12 +303,29 @@ def _trace_run(run: _PureRun, block: Block) -> Any:
                     if any(n != EMPTY_VAR_NAME for n in names):
                         raise ExecutionError(f"{_op_where(block, i, op)}: its kernel produced no {slot!r} output")
                     continue
+                if len(values) != len(names):
+                    raise ExecutionError(f"{_op_where(block, i, op)}: its kernel produced {len(values)} {slot!r} "
+                                         f"values for {len(names)} variables")
                 for n, v in zip(names, values):
                     if n != EMPTY_VAR_NAME:
                         env[n] = v
         return tuple(env[n] for n in run.outputs)
 
     return fn
+
+
+def _value_inputs(op: Operator) -> list[str]:
+    """The input names of ``op`` whose values its kernel reads (not only their shapes)."""
+    shape_only = shape_only_slots(op.type)
+    return [n for slot, names in op.inputs.items() if slot not in shape_only for n in names]
+
+
+def _declared(block: Block, name: str) -> jax.ShapeDtypeStruct:
+    var = block.find_var_recursive(name)
+    if var is None or any(d < 0 for d in var.shape):
+        raise ExecutionError(f"variable {name!r} needs a fully known declared shape (its kernel reads only the shape)",
+                             hint="declare the variable with every dimension known")
+    return jax.ShapeDtypeStruct(var.shape, np.dtype(var.dtype))
 
 
 def _is_random(op: Operator) -> bool:

@@ -403,11 +403,79 @@ def load_params(executor: Any, dirname: str, main_program: Program | None = None
 
 def save_persistables(executor: Any, dirname: str, main_program: Program | None = None,
                       filename: str | None = None, *, scope: Scope | None = None) -> None:
-    """Save every persistable variable of ``main_program`` (parameters, accumulators, learning rates)."""
-    save_vars(executor, dirname, main_program, predicate=is_persistable, filename=filename, scope=scope)
+    """Save every persistable variable of ``main_program`` (parameters, accumulators, learning rates).
+
+    On a transpiled program the state is spread over processes: a **trainer** program asks every pserver
+    it talks to (``CheckpointNotify``) to save its slices, accumulators and table shards under
+    ``dirname/pserver_<id>``, then saves its own non-parameter persistables (e.g. metric states) under
+    ``dirname/trainer_<id>``; a **pserver** program saves its state under ``dirname/pserver_<id>``."""
+    program = main_program if main_program is not None else default_main_program()
+    dist = distributed_role(program)
+    if dist is None:
+        save_vars(executor, dirname, program, predicate=is_persistable, filename=filename, scope=scope)
+    elif dist[0] == "pserver":
+        save_vars(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
+                  filename=filename, scope=scope)
+    else:
+        from runtime.rpc.client import client_for
+
+        client_for(_executor(executor), dist[1]).checkpoint(dist[2], os.path.abspath(dirname))
+        present = scope if scope is not None else _global_scope()
+        local = [v for v in _trainer_local_vars(program) if present.find_var(v.name) is not None]
+        save_vars(executor, _part_dir(dirname, dist), program, vars=local, filename=filename, scope=scope)
 
 
 def load_persistables(executor: Any, dirname: str, main_program: Program | None = None,
                       filename: str | None = None, *, scope: Scope | None = None) -> None:
-    """Load every persistable variable of ``main_program``."""
-    load_vars(executor, dirname, main_program, predicate=is_persistable, filename=filename, scope=scope)
+    """Load every persistable variable of ``main_program``; on a transpiled program, this process's part
+    of what ``save_persistables`` saved (a pserver's slices, a trainer's local state when saved)."""
+    program = main_program if main_program is not None else default_main_program()
+    dist = distributed_role(program)
+    if dist is None:
+        load_vars(executor, dirname, program, predicate=is_persistable, filename=filename, scope=scope)
+    elif dist[0] == "pserver":
+        load_vars(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
+                  filename=filename, scope=scope)
+    else:
+        part = _part_dir(dirname, dist)
+        local = [v for v in _trainer_local_vars(program)
+                 if filename is None and os.path.exists(os.path.join(part, var_filename(v.name)))]
+        load_vars(executor, part, program, vars=local, filename=filename, scope=scope)
+
+
+def distributed_role(program: Program) -> tuple[str, int, list[str]] | None:
+    """``("pserver", pserver_id, [endpoint])`` for a pserver program, ``("trainer", trainer_id, endpoints)``
+    for a transpiled trainer program (the pservers its rpc ops name), None for a local program."""
+    endpoints: dict[str, None] = {}
+    trainer_id = None
+    for op in program.global_block().ops:
+        if op.type == "listen_and_serv":
+            return "pserver", max(0, int(op.attr("pserver_id"))), [op.attr("endpoint")]
+        if op.type in ("send", "recv", "prefetch", "send_barrier", "fetch_barrier"):
+            trainer_id = int(op.attr("trainer_id"))
+            for ep in op.attr("endpoints" if op.type.endswith("barrier") else "epmap"):
+                endpoints[ep] = None
+    return None if trainer_id is None else ("trainer", trainer_id, sorted(endpoints))
+
+
+def pserver_checkpoint_vars(program: Program) -> list[Variable]:
+    """The state of a pserver program: its persistable variables except received and merged gradients
+    and per-trainer copies (DC-ASGD backups are refreshed by the trainers' first fetch)."""
+    (serve,) = [op for op in program.global_block().ops if op.type == "listen_and_serv"]
+    grads = set(serve.input("X")) | {e.rpartition(":")[0] for e in serve.attr("grad_to_block_id")}
+    return [v for v in program.global_block().vars.values()
+            if is_persistable(v) and v.name not in grads and v.trainer_id is None]
+
+
+def _trainer_local_vars(program: Program) -> list[Variable]:
+    return [v for v in program.global_block().vars.values() if is_persistable(v) and not v.is_parameter]
+
+
+def _part_dir(dirname: str, dist: tuple[str, int, list[str]]) -> str:
+    return os.path.join(dirname, f"{dist[0]}_{dist[1]}")
+
+
+def _global_scope() -> Scope:
+    from runtime.scope import global_scope
+
+    return global_scope()

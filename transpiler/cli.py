@@ -16,6 +16,9 @@ with ``register_command``):
 - ``flotilla plan`` (the same inputs, no ``-o``) ``[--format text|dot|png] [--output FILE]``: which
   parameter block goes to which pserver (param, block, rows, shape, bytes, endpoint), bytes per pserver
   and the balance (max/mean bytes per pserver); png through Graphviz's ``dot``
+- ``flotilla launch [--server_num N --worker_num M | --servers ... --workers ... | --nproc_per_node N]
+  [--log_dir DIR] [--started_port P] [--stop_timeout S] SCRIPT [ARGS...]``: ``runtime.launch`` (its
+  arguments, help and exit statuses)
 
 Invariants:
 - A PROGRAM file is told apart by content, never by extension: protobuf when it starts with the
@@ -627,6 +630,23 @@ def _render_dot(dot_exe: str, dot_text: str, fmt: str, output: str) -> None:
                          + (f": {detail[0]}" if detail else ""))
 
 
+# --- launch --------------------------------------------------------------------------------------------
+
+
+def _configure_launch(p: argparse.ArgumentParser) -> None:
+    # Every argument goes to runtime.launch untouched (its parser owns the options and the --help text),
+    # so no argument may be taken as an option here: with no prefix character, all are positional.
+    p.prefix_chars = "\0"
+    p.add_argument("launch_args", nargs=argparse.REMAINDER, metavar="...",
+                   help="the launcher's arguments: see 'flotilla launch --help'")
+
+
+def _run_launch(args: argparse.Namespace) -> int:
+    from runtime.launch import launch  # lazily: runtime imports jax
+
+    return launch(args.launch_args, prog=f"{PROG} launch")
+
+
 # --- running -------------------------------------------------------------------------------------------
 
 
@@ -680,6 +700,8 @@ register_command(Command("transpile", "transpile a training program for paramete
                          "programs (.pb and .txt) into a directory", _configure_transpile, _run_transpile))
 register_command(Command("plan", "show which parameter block goes to which pserver, bytes per pserver and the "
                          "balance (text, dot or png)", _configure_plan, _run_plan))
+register_command(Command("launch", "start a local cluster (pservers and trainers, or collective trainers) "
+                         "running a training script", _configure_launch, _run_launch))
 
 
 if __name__ == "__main__":

@@ -133,10 +133,7 @@ def _infer_split_byref(ctx: InferContext) -> None:
     sections = list(ctx.attr("sections"))
     rows = x.shape[0]
     if not sections:
-        if rows < 0 or n == 0 or rows % n:
-            _fail(ctx, f"sections is empty and X's {rows} rows do not split evenly into {n} outputs",
-                  "give sections (rows of each output)")
-        sections = [rows // n] * n
+        _fail(ctx, "sections is empty", "give sections: the rows of each output, one entry per Out")
     if len(sections) != n:
         _fail(ctx, f"sections {sections} has {len(sections)} entries but there are {n} outputs; expected one per Out",
               "give one row count per output")
@@ -150,7 +147,7 @@ defop(
     "split_byref",
     inputs=["X"],
     outputs=["Out*"],
-    attrs=[A("sections", K.INTS, [], "rows of each output; empty: split evenly")],
+    attrs=[A("sections", K.INTS, [], "rows of each output, one entry per Out (required)")],
     infer=_infer_split_byref,
     grad=NO_GRAD,
     doc="split X by rows into Out (views of X, no copy)",
@@ -296,6 +293,8 @@ defop(
         A("checkpoint_block_id", K.INT, -1, "block that saves the distributed table; -1: none"),
         A("distributed_mode", K.INT, 0, "0 sync, 1 async, 2 half-async, 3 geo"),
         A("dc_asgd", K.BOOL, False, "delay-compensated async SGD"),
+        A("pservers", K.INT, 1, "number of pservers; the stride of a distributed lookup table's row sharding "
+          "(shard i holds global rows r with r % pservers == i)"),
     ],
     infer=_infer_listen_and_serv,
     grad=NO_GRAD,

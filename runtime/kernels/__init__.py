@@ -6,3 +6,4 @@ from runtime.kernels import math  # noqa: F401
 from runtime.kernels import nn  # noqa: F401
 from runtime.kernels import optimizer  # noqa: F401
 from runtime.kernels import io  # noqa: F401
+from runtime.kernels import rpc  # noqa: F401

@@ -106,7 +106,7 @@ def lookup_table(ins: Ins, attrs: Attrs) -> Outs:
     return {"Out": [out]}
 
 
-@kernel("lookup_table_grad")
+@kernel("lookup_table_grad", shape_only=("W",))  # W only for its height, width, dtype
 def lookup_table_grad(ins: Ins, attrs: Attrs) -> Outs:
     w = one(ins, "W")
     ids = _flat_ids(one(ins, "Ids")).reshape(-1).astype(jnp.int64)

@@ -27,19 +27,29 @@ RNG_SLOT = "@RNG"
 
 _KERNELS: dict[str, Kernel] = {}
 _HOST_KERNELS: dict[str, HostKernel] = {}
+_SHAPE_ONLY: dict[str, tuple[str, ...]] = {}
 
 
-def kernel(*op_types: str) -> Callable[[Kernel], Kernel]:
-    """Register a JAX kernel for each of ``op_types``."""
+def kernel(*op_types: str, shape_only: tuple[str, ...] = ()) -> Callable[[Kernel], Kernel]:
+    """Register a JAX kernel for each of ``op_types``. The kernel reads only the shape and dtype of the
+    inputs in the ``shape_only`` slots: the executor passes their declared ``jax.ShapeDtypeStruct``
+    instead of a value (so e.g. ``lookup_table_grad`` runs on a trainer that does not hold the table)."""
 
     def deco(fn: Kernel) -> Kernel:
         for t in op_types:
             if t in _KERNELS or t in _HOST_KERNELS:
                 raise ExecutionError(f"a kernel for op type {t!r} is registered twice")
             _KERNELS[t] = fn
+            if shape_only:
+                _SHAPE_ONLY[t] = tuple(shape_only)
         return fn
 
     return deco
+
+
+def shape_only_slots(op_type: str) -> tuple[str, ...]:
+    """The input slots of ``op_type`` whose kernel reads only shape and dtype."""
+    return _SHAPE_ONLY.get(op_type, ())
 
 
 def host_kernel(*op_types: str) -> Callable[[HostKernel], HostKernel]:

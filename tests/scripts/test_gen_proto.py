@@ -1,5 +1,6 @@
 """scripts/gen_proto.py: the checked-in ir/proto/framework_pb2.py is what protoc generates now, and
-the ``protobuf`` pin in pyproject.toml admits exactly the runtimes its version guard accepts."""
+the ``protobuf`` pin in pyproject.toml admits exactly the runtimes its version guard accepts; the same
+for runtime/rpc/send_recv_pb2*.py and the ``grpcio`` / ``grpcio-tools`` pins."""
 from __future__ import annotations
 
 import pathlib
@@ -10,6 +11,7 @@ import sys
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "scripts" / "gen_proto.py"
 GENERATED = REPO_ROOT / "ir" / "proto" / "framework_pb2.py"
+GENERATED_FILES = ("ir/proto/framework_pb2.py", "runtime/rpc/send_recv_pb2.py", "runtime/rpc/send_recv_pb2_grpc.py")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -20,24 +22,29 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 def test_checked_in_code_is_current() -> None:
     result = _run("--check")
     assert result.returncode == 0, result.stderr
-    assert "is up to date" in result.stdout
+    for rel in GENERATED_FILES:
+        assert f"{rel} is up to date" in result.stdout
 
 
-def test_check_detects_a_stale_file(tmp_path: pathlib.Path) -> None:
-    stale = tmp_path / "framework_pb2.py"
-    stale.write_text(GENERATED.read_text(encoding="utf-8").replace("flotilla.framework", "flotilla.other"))
-    result = _run("--check", "--output", str(stale))
+def test_check_detects_a_stale_or_missing_file(tmp_path: pathlib.Path) -> None:
+    for rel in GENERATED_FILES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((REPO_ROOT / rel).read_text(encoding="utf-8"), encoding="utf-8")
+    assert _run("--check", "--root", str(tmp_path)).returncode == 0
+    stale = tmp_path / "runtime" / "rpc" / "send_recv_pb2_grpc.py"
+    stale.write_text(stale.read_text(encoding="utf-8").replace("SendVariable", "SendVar"), encoding="utf-8")
+    (tmp_path / "ir" / "proto" / "framework_pb2.py").unlink()
+    result = _run("--check", "--root", str(tmp_path))
     assert result.returncode == 1
-    assert "differs from a fresh generation" in result.stderr
-    missing = _run("--check", "--output", str(tmp_path / "absent_pb2.py"))
-    assert missing.returncode == 1 and "is missing" in missing.stderr
+    assert "send_recv_pb2_grpc.py differs from a fresh generation" in result.stderr
+    assert "framework_pb2.py is missing" in result.stderr
 
 
 def test_generate_writes_the_fresh_code(tmp_path: pathlib.Path) -> None:
-    out = tmp_path / "framework_pb2.py"
-    result = _run("--output", str(out))
+    result = _run("--root", str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert out.read_text(encoding="utf-8") == GENERATED.read_text(encoding="utf-8")
+    for rel in GENERATED_FILES:
+        assert (tmp_path / rel).read_text(encoding="utf-8") == (REPO_ROOT / rel).read_text(encoding="utf-8")
 
 
 def test_protobuf_pin_matches_the_generated_version_guard() -> None:
@@ -49,3 +56,12 @@ def test_protobuf_pin_matches_the_generated_version_guard() -> None:
     pyproject = (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
     pins = re.findall(r'"protobuf([^"]*)"', pyproject)
     assert pins == [f">={major}.{minor}.{patch},<{major + 1}"]
+
+
+def test_grpc_pins_match_the_generated_stubs() -> None:
+    code = (REPO_ROOT / "runtime" / "rpc" / "send_recv_pb2_grpc.py").read_text(encoding="utf-8")
+    generated = re.search(r"GRPC_GENERATED_VERSION = '([0-9.]+)'", code)
+    assert generated is not None
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.findall(r'"grpcio([<>=][^"]*)"', pyproject) == [f">={generated.group(1)}"]
+    assert re.findall(r'"grpcio-tools([^"]*)"', pyproject) == [f"=={generated.group(1)}"]

@@ -1,0 +1,214 @@
+"""Kernels of the parameter-server ops: the trainer's network ops, the split/merge helpers around
+them, and the pserver's ``listen_and_serv`` and ``lookup_sparse_table``.
+
+Network kernels talk through the executor's ``RPCClient`` for the op's ``trainer_id``
+(``runtime.rpc.client.client_for``). ``split_byref`` is an ordinary JAX kernel; the other helpers run on
+the host because their output sizes depend on the data (ids, rows).
+
+Distributed lookup tables shard ids by ``id % n`` over the ``n`` pservers: ``split_ids`` de-duplicates
+and sorts the ids (or buckets a selected-rows gradient's rows, keeping global ids and the height),
+``prefetch`` asks each pserver for its shard's rows, ``merge_ids`` puts them back in the ids' order.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from ir.core import Operator, Program
+from runtime.flags import flag
+from runtime.kernels.registry import host_kernel, kernel, one
+from runtime.scope import ExecutionError, SelectedRows
+
+
+def _client(ctx: Any, op: Operator) -> Any:
+    from runtime.rpc.client import client_for
+
+    return client_for(ctx.executor, int(op.attr("trainer_id")))
+
+
+def _value(ctx: Any, name: str, op: Operator) -> Any:
+    value = ctx.scope.find_var(name)
+    if value is None:
+        raise ExecutionError(f"{op.type}: input {name!r} has no value", hint="the op producing it did not run")
+    return value
+
+
+def _ids(value: Any) -> np.ndarray:
+    return np.asarray(value).astype(np.int64, copy=False).reshape(-1)
+
+
+# --- trainer network ops
+@host_kernel("send")
+def send(ctx: Any, op: Operator) -> None:
+    if op.attr("send_varnames"):
+        raise ExecutionError("send with send_varnames (runtime splitting) is not supported",
+                             hint="transpile with flotilla's DistributeTranspiler, which splits with split_byref")
+    client = _client(ctx, op)
+    for name, endpoint in zip(op.input("X"), op.attr("epmap")):
+        client.send(endpoint, name, _value(ctx, name, op))
+
+
+@host_kernel("recv")
+def recv(ctx: Any, op: Operator) -> None:
+    if op.attr("recv_varnames"):
+        raise ExecutionError("recv with recv_varnames (runtime merging) is not supported",
+                             hint="transpile with flotilla's DistributeTranspiler, which merges with concat")
+    outs = op.output("Out")
+    values = _client(ctx, op).get(list(zip(op.attr("epmap"), outs)))
+    for name, value in zip(outs, values):
+        ctx.scope.set_var(name, value)
+
+
+@host_kernel("send_barrier")
+def send_barrier(ctx: Any, op: Operator) -> None:
+    _client(ctx, op).barrier(op.attr("endpoints"), send=True)
+
+
+@host_kernel("fetch_barrier")
+def fetch_barrier(ctx: Any, op: Operator) -> None:
+    _client(ctx, op).barrier(op.attr("endpoints"), send=False)
+
+
+@host_kernel("checkpoint_notify")
+def checkpoint_notify(ctx: Any, op: Operator) -> None:
+    _client(ctx, op).checkpoint(op.attr("epmap"), op.attr("dir"))
+
+
+@host_kernel("prefetch")
+def prefetch(ctx: Any, op: Operator) -> None:
+    names = op.input("X")
+    requests = [(ep, name, _ids(_value(ctx, name, op)).reshape(-1, 1), table)
+                for name, ep, table in zip(names, op.attr("epmap"), op.attr("table_names") or [""] * len(names))]
+    for out, rows in zip(op.output("Out"), _client(ctx, op).prefetch(requests)):
+        ctx.scope.set_var(out, rows)
+
+
+# --- splitting and merging
+@kernel("split_byref")
+def split_byref(ins: dict[str, list[Any]], attrs: dict[str, Any]) -> dict[str, list[Any]]:
+    x = one(ins, "X")
+    sections = list(attrs.get("sections") or [])
+    bounds = np.cumsum(sections)[:-1].tolist()
+    return {"Out": list(jnp.split(x, bounds, axis=0))}
+
+
+@host_kernel("split_selected_rows")
+def split_selected_rows(ctx: Any, op: Operator) -> None:
+    x = _value(ctx, op.input("X")[0], op)
+    if not isinstance(x, SelectedRows):
+        raise ExecutionError(f"split_selected_rows: X {op.input('X')[0]!r} is dense; expected selected rows")
+    rows, values = np.asarray(x.rows), np.asarray(x.values)
+    start = 0
+    for name, height in zip(op.output("Out"), op.attr("height_sections")):
+        mask = (rows >= start) & (rows < start + height)
+        ctx.scope.set_var(name, SelectedRows(rows[mask] - start, values[mask], int(height)))
+        start += height
+
+
+@host_kernel("split_ids")
+def split_ids(ctx: Any, op: Operator) -> None:
+    outs = op.output("Out")
+    n = len(outs)
+    first = _value(ctx, op.input("Ids")[0], op)
+    if isinstance(first, SelectedRows):
+        rows, values = np.asarray(first.rows), np.asarray(first.values)
+        shard = rows % n
+        for i, name in enumerate(outs):
+            mask = shard == i
+            ctx.scope.set_var(name, SelectedRows(rows[mask], values[mask], first.height))
+        return
+    ids = np.unique(np.concatenate([_ids(_value(ctx, name, op)) for name in op.input("Ids")]))
+    for i, name in enumerate(outs):
+        ctx.scope.set_var(name, ids[ids % n == i].reshape(-1, 1))
+
+
+@host_kernel("merge_ids")
+def merge_ids(ctx: Any, op: Operator) -> None:
+    shard_ids = [_ids(_value(ctx, name, op)) for name in op.input("Rows")]
+    shard_rows = [np.asarray(_value(ctx, name, op)) for name in op.input("X")]
+    all_ids = np.concatenate(shard_ids)
+    all_rows = np.concatenate([r.reshape((len(i),) + tuple(np.shape(r)[1:])) for i, r in zip(shard_ids, shard_rows)]) if len(all_ids) else None
+    width = shard_rows[0].shape[1:] if shard_rows else ()
+    order = np.argsort(all_ids, kind="stable")
+    sorted_ids = all_ids[order]
+    for ids_name, out in zip(op.input("Ids"), op.output("Out")):
+        ids_value = np.asarray(_value(ctx, ids_name, op))
+        flat = _ids(ids_value)
+        pos = np.searchsorted(sorted_ids, flat)
+        if len(flat) and (np.any(pos >= len(sorted_ids)) or np.any(sorted_ids[np.minimum(pos, len(sorted_ids) - 1)]
+                                                                    != flat)):
+            raise ExecutionError(f"merge_ids: some ids of {ids_name!r} were not fetched from any shard")
+        lead = ids_value.shape[:-1] if ids_value.ndim and ids_value.shape[-1] == 1 else ids_value.shape
+        dtype = shard_rows[0].dtype if shard_rows else np.float32
+        merged = all_rows[order[pos]] if len(flat) else np.zeros((0,) + tuple(width), dtype)
+        ctx.scope.set_var(out, merged.reshape(tuple(lead) + tuple(width)))
+
+
+# --- pserver ops
+@host_kernel("lookup_sparse_table")
+def lookup_sparse_table(ctx: Any, op: Operator) -> None:
+    table = np.asarray(_value(ctx, op.input("W")[0], op))
+    ids_value = np.asarray(_value(ctx, op.input("Ids")[0], op))
+    flat = _ids(ids_value)
+    if len(flat) and (flat.min() < 0 or flat.max() >= table.shape[0]):
+        raise ExecutionError(f"lookup_sparse_table: ids outside the {table.shape[0]} rows of {op.input('W')[0]!r}")
+    rows = table[flat]
+    padding = int(op.attr("padding_idx"))
+    if padding >= 0:
+        rows = np.where((flat == padding)[:, None], 0, rows)
+    lead = ids_value.shape[:-1] if ids_value.ndim and ids_value.shape[-1] == 1 else ids_value.shape
+    ctx.scope.set_var(op.output("Out")[0], rows.reshape(tuple(lead) + table.shape[1:]))
+
+
+@host_kernel("ref_by_trainer_id")
+def ref_by_trainer_id(ctx: Any, op: Operator) -> None:
+    t = int(_ids(_value(ctx, op.input("TrainerId")[0], op))[0])
+    names = op.input("X")
+    if not 0 <= t < len(names):
+        raise ExecutionError(f"ref_by_trainer_id: trainer id {t} is out of range for {len(names)} inputs")
+    ctx.scope.set_var(op.output("Out")[0], _value(ctx, names[t], op))
+
+
+def max_message_bytes(program: Program) -> int:
+    """Bytes of the largest variable of ``program``'s global block (-1 extents count as 1) plus headroom."""
+    largest = 0
+    for var in program.global_block().vars.values():
+        if var.type == "raw":
+            continue
+        numel = int(np.prod([max(d, 1) for d in var.shape], dtype=np.int64))
+        largest = max(largest, numel * np.dtype(var.dtype).itemsize)
+    return largest + (1 << 20)
+
+
+@host_kernel("listen_and_serv")
+def listen_and_serv(ctx: Any, op: Operator) -> None:
+    """Serve until every trainer has completed (then return) or the pserver fails (then raise)."""
+    from runtime import io
+    from runtime.rpc.pserver import PServer, PServerError
+    from runtime.rpc.server import start_server
+
+    def run_block(idx: int, scope: Any) -> None:
+        ctx.executor.run_block(ctx.program, idx, scope)
+
+    def save(path: str) -> None:
+        io.save_vars(ctx.executor, path, ctx.program, vars=io.pserver_checkpoint_vars(ctx.program), scope=ctx.scope)
+
+    pserver = PServer(ctx.program, ctx.scope, op, run_block, save_persistables=save,
+                      barrier_timeout=flag("FLAGS_pserver_timeout_ms") / 1000.0)
+    endpoint = op.attr("endpoint")
+    server = start_server(pserver, endpoint, max_message_bytes(ctx.program))
+    mode = "sync" if pserver.config.sync_mode else "async"
+    print(f"pserver {pserver.config.pserver_id} serving {endpoint} ({mode}, {pserver.config.trainers} trainers)",
+          file=sys.stderr, flush=True)
+    try:
+        pserver.wait()
+    except PServerError as e:
+        raise ExecutionError(str(e.message), hint=e.hint) from None
+    finally:
+        server.stop(grace=1.0).wait(5.0)
+    print(f"pserver {pserver.config.pserver_id}: every trainer completed after {pserver.steps_run} updates; exiting",
+          file=sys.stderr, flush=True)
+

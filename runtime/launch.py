@@ -1,0 +1,628 @@
+"""The local cluster launcher: ``python -m runtime.launch`` (and ``flotilla launch``).
+
+Parameter-server mode starts pservers and trainers on this machine::
+
+    python -m runtime.launch --server_num 2 --worker_num 2 [--log_dir DIR] [--started_port P]
+                             [--stop_timeout S] train.py [script args...]
+    python -m runtime.launch --servers 127.0.0.1:6174,127.0.0.1:6175 --workers 127.0.0.1,127.0.0.1 train.py
+
+collective mode starts N trainers that know each other's endpoints (no pservers)::
+
+    python -m runtime.launch --nproc_per_node 2 train.py
+
+Each child gets Paddle's variables (``TRAINING_ROLE``, ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``,
+``PADDLE_PSERVERS_IP_PORT_LIST``, ``PADDLE_CURRENT_ENDPOINT``, ``PADDLE_PORT``, ``POD_IP``,
+``PADDLE_TRAINER_ENDPOINTS``; ``runtime.role.role_from_env`` reads them back) and ``PYTHONUNBUFFERED=1``.
+Its output lines (stdout and stderr together) are echoed on the launcher's stdout tagged
+``[pserver.0] `` / ``[trainer.1] ``, and written to ``DIR/serverlog.<i>`` / ``DIR/workerlog.<i>`` with
+``--log_dir``. The launcher's own lines are tagged ``[launch] ``.
+
+Ending: when every trainer has exited 0 the pservers get ``--stop_timeout`` seconds to exit by
+themselves (Flotilla's pservers exit 0 once every trainer has sent Complete); any still running are
+stopped. When any process exits non-zero the launcher names it (tag, pid, exit code, its last lines) and
+stops all the others. SIGINT/SIGTERM to the launcher stop the job. A summary line lists every process.
+
+Exit status: 0 every process exited 0 by itself; 1 a process failed, could not start, or had to be
+stopped; 2 a usage error (nothing was started); 128+N the launcher got signal N.
+
+Invariants:
+- Each child runs in a session of its own (``start_new_session``), so its process group id is its pid.
+  The launcher signals only those groups, and only while it has not reaped the group leader (exits are
+  observed with ``waitid(WNOWAIT)``, the leader is reaped last), so a group id can never have been
+  reused by a process the launcher did not start.
+- Every wait is bounded: polling, the stop timeout, the grace between SIGTERM and SIGKILL, reader joins.
+- Ports are taken from the OS on 127.0.0.1 (or consecutive from ``--started_port``), checked by binding
+  without SO_REUSEADDR; a port in use is a usage error naming it.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import IO, Mapping, NoReturn, Sequence
+
+from runtime.role import (LaunchError, ROLE_ENV_VARS, format_endpoint, parse_endpoint, parse_endpoint_list)
+
+PROG = "python -m runtime.launch"
+LOCAL_HOST = "127.0.0.1"
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+POLL_S = 0.05  # how often the launcher looks at its children
+TERM_GRACE_S = 5.0  # SIGTERM → SIGKILL
+REAP_TIMEOUT_S = 5.0  # after SIGKILL, how long to wait for a child to be reaped
+READER_JOIN_S = 5.0  # how long to wait for a child's output to drain after it exited
+TAIL_LINES = 20  # lines of a failed process's output shown in the failure report
+
+PSERVER_KIND = "pserver"
+TRAINER_KIND = "trainer"
+
+
+# --- arguments -------------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise ``LaunchError`` (one line) instead of printing usage."""
+
+    def error(self, message: str) -> NoReturn:
+        raise LaunchError(f"{message} (see '{self.prog} --help')", code="E810")
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The launcher's argument parser; everything after the training script goes to the script."""
+    parser = _Parser(prog=prog, description="Start a local Flotilla cluster (pservers and trainers, or collective "
+                                            "trainers) running one training script, and watch it.")
+    ps = parser.add_argument_group("parameter-server mode")
+    ps.add_argument("--server_num", type=int, default=None, metavar="N",
+                    help="start N pservers on free ports of 127.0.0.1")
+    ps.add_argument("--worker_num", type=int, default=None, metavar="M", help="start M trainers")
+    ps.add_argument("--servers", default=None, metavar="IP:PORT,...",
+                    help="the pserver endpoints (instead of --server_num)")
+    ps.add_argument("--workers", default=None, metavar="IP[:PORT],...",
+                    help="the trainers' hosts, optionally with ports (instead of --worker_num)")
+    coll = parser.add_argument_group("collective mode")
+    coll.add_argument("--nproc_per_node", type=int, default=None, metavar="N",
+                      help="start N trainers with PADDLE_TRAINER_ENDPOINTS set and no pservers")
+    parser.add_argument("--log_dir", default=None, metavar="DIR",
+                        help="write each process's output to DIR/serverlog.<i> or DIR/workerlog.<i>")
+    parser.add_argument("--started_port", type=int, default=None, metavar="P",
+                        help="use consecutive ports from P instead of free ports from the OS")
+    parser.add_argument("--stop_timeout", type=float, default=60.0, metavar="S",
+                        help="seconds the pservers get to exit after every trainer finished (default: 60)")
+    parser.add_argument("training_script", metavar="training_script", help="the script every process runs")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, metavar="...",
+                        help="arguments for the training script")
+    return parser
+
+
+# --- the plan --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process to start: its tag (``pserver.0``), kind, index, role variables and log file name."""
+
+    tag: str
+    kind: str
+    index: int
+    env: dict[str, str]
+    log_name: str
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything the launcher starts, decided before anything is started."""
+
+    mode: str  # "pserver" | "collective"
+    pserver_endpoints: tuple[str, ...]
+    trainer_endpoints: tuple[str, ...]
+    processes: tuple[ProcessSpec, ...]
+    script: str
+    script_args: tuple[str, ...]
+    log_dir: str | None
+    stop_timeout: float
+
+
+def _usage(message: str, hint: str | None = None) -> LaunchError:
+    return LaunchError(message, hint=hint, code="E810")
+
+
+def _count(value: int, flag: str) -> int:
+    if value < 1:
+        raise _usage(f"{flag} is {value}: expected at least 1", hint=f"pass {flag} 1 or more")
+    return value
+
+
+def _hosts_and_ports(text: str, flag: str) -> list[tuple[str, int | None]]:
+    """``--workers``: hosts, each optionally with a port."""
+    out: list[tuple[str, int | None]] = []
+    for position, item in enumerate(text.split(",")):
+        item = item.strip()
+        if not item:
+            raise LaunchError(f"{flag}: item {position} of {text!r} is empty",
+                              hint="write hosts as 127.0.0.1,127.0.0.1 (optionally host:port)", code="E803")
+        if ":" in item and not (item.startswith("[") and item.endswith("]")):
+            host, port = parse_endpoint(item, flag)
+            out.append((host, port))
+        else:
+            if any(c.isspace() for c in item):
+                raise LaunchError(f"{flag}: {item!r} is not a host", hint="no blanks inside a host", code="E803")
+            out.append((item, None))
+    return out
+
+
+def plan_job(args: argparse.Namespace) -> JobPlan:
+    """Validate the parsed arguments, choose ports and build every process's role variables."""
+    if not math.isfinite(args.stop_timeout) or args.stop_timeout < 0:
+        raise _usage(f"--stop_timeout is {args.stop_timeout}: expected a number of seconds, 0 or more")
+    if args.started_port is not None and not 1 <= args.started_port <= 65535:
+        raise _usage(f"--started_port is {args.started_port}: expected a port in 1..65535")
+    ps_flags = [f for f, v in (("--server_num", args.server_num), ("--worker_num", args.worker_num),
+                               ("--servers", args.servers), ("--workers", args.workers)) if v is not None]
+    if args.nproc_per_node is not None:
+        if ps_flags:
+            raise _usage(f"--nproc_per_node (collective mode) cannot be combined with {', '.join(ps_flags)} "
+                         "(parameter-server mode)", hint="choose one mode")
+        servers: list[tuple[str, int | None]] = []
+        workers = [(LOCAL_HOST, None)] * _count(args.nproc_per_node, "--nproc_per_node")
+        mode = "collective"
+    else:
+        if not ps_flags:
+            raise _usage("no job given: pass --server_num N --worker_num M (or --servers/--workers) for "
+                         "parameter-server mode, or --nproc_per_node N for collective mode")
+        servers = _servers(args)
+        workers = _workers(args)
+        mode = "pserver"
+
+    script = args.training_script
+    if not os.path.isfile(script):
+        what = "is a directory" if os.path.isdir(script) else "does not exist"
+        raise LaunchError(f"training script {script!r} {what}", hint="give the path of a Python file", code="E812")
+
+    wanted = [(PSERVER_KIND, i, host, port) for i, (host, port) in enumerate(servers)]
+    wanted += [(TRAINER_KIND, i, host, port) for i, (host, port) in enumerate(workers)]
+    fresh = iter(pick_ports([(host, f"{kind}.{i}") for kind, i, host, port in wanted if port is None],
+                            args.started_port))
+    endpoints: dict[str, str] = {}  # endpoint -> the process it belongs to
+    for kind, i, host, port in wanted:
+        endpoint = format_endpoint(host, port if port is not None else next(fresh))
+        if endpoint in endpoints:
+            raise LaunchError(f"endpoint {endpoint} is given to {endpoints[endpoint]} and to {kind}.{i}",
+                              hint="every process needs an endpoint of its own", code="E803")
+        endpoints[endpoint] = f"{kind}.{i}"
+        if port is not None:  # a port the user chose: make sure it is usable before starting anything
+            _check_port_free(host, port, f"{kind}.{i}", "--servers" if kind == PSERVER_KIND else "--workers")
+    ordered = list(endpoints)  # pservers first, then trainers
+    server_eps = tuple(ordered[:len(servers)])
+    worker_eps = tuple(ordered[len(servers):])
+
+    if args.log_dir is not None:
+        try:
+            os.makedirs(args.log_dir, exist_ok=True)
+        except OSError as e:
+            raise LaunchError(f"--log_dir {args.log_dir!r}: cannot create it: {e.strerror or e}",
+                              hint="choose a writable directory", code="E812") from None
+
+    processes = [ProcessSpec(f"{PSERVER_KIND}.{i}", PSERVER_KIND, i, pserver_env(server_eps, worker_eps, i),
+                             f"serverlog.{i}") for i in range(len(server_eps))]
+    processes += [ProcessSpec(f"{TRAINER_KIND}.{i}", TRAINER_KIND, i, trainer_env(server_eps, worker_eps, i),
+                              f"workerlog.{i}") for i in range(len(worker_eps))]
+    return JobPlan(mode=mode, pserver_endpoints=server_eps, trainer_endpoints=worker_eps,
+                   processes=tuple(processes), script=script, script_args=tuple(args.training_script_args),
+                   log_dir=args.log_dir, stop_timeout=float(args.stop_timeout))
+
+
+def _servers(args: argparse.Namespace) -> list[tuple[str, int | None]]:
+    if args.servers is not None and args.server_num is not None:
+        raise _usage("--servers and --server_num both given", hint="give the endpoints or the count, not both")
+    if args.servers is not None:
+        return [parse_endpoint(ep, "--servers") for ep in parse_endpoint_list(args.servers, "--servers")]
+    if args.server_num is None:
+        raise _usage("parameter-server mode needs --server_num N or --servers IP:PORT,...",
+                     hint="e.g. --server_num 2 --worker_num 2 (or --nproc_per_node N for collective mode)")
+    return [(LOCAL_HOST, None)] * _count(args.server_num, "--server_num")
+
+
+def _workers(args: argparse.Namespace) -> list[tuple[str, int | None]]:
+    if args.workers is not None and args.worker_num is not None:
+        raise _usage("--workers and --worker_num both given", hint="give the hosts or the count, not both")
+    if args.workers is not None:
+        return _hosts_and_ports(args.workers, "--workers")
+    if args.worker_num is None:
+        raise _usage("parameter-server mode needs --worker_num M or --workers IP,...",
+                     hint="e.g. --server_num 2 --worker_num 2")
+    return [(LOCAL_HOST, None)] * _count(args.worker_num, "--worker_num")
+
+
+def _common_env(server_eps: Sequence[str], worker_eps: Sequence[str]) -> dict[str, str]:
+    env = {"PADDLE_TRAINERS_NUM": str(len(worker_eps)), "PADDLE_TRAINER_ENDPOINTS": ",".join(worker_eps)}
+    if server_eps:
+        env["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(server_eps)
+    return env
+
+
+def _own_endpoint_env(endpoint: str) -> dict[str, str]:
+    host, port = parse_endpoint(endpoint, "endpoint")
+    return {"PADDLE_CURRENT_ENDPOINT": endpoint, "POD_IP": host, "PADDLE_PORT": str(port)}
+
+
+def pserver_env(server_eps: Sequence[str], worker_eps: Sequence[str], index: int) -> dict[str, str]:
+    """The role variables of pserver ``index``."""
+    return {"TRAINING_ROLE": "PSERVER", **_common_env(server_eps, worker_eps), **_own_endpoint_env(server_eps[index])}
+
+
+def trainer_env(server_eps: Sequence[str], worker_eps: Sequence[str], index: int) -> dict[str, str]:
+    """The role variables of trainer ``index`` (collective mode when ``server_eps`` is empty)."""
+    return {"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(index), **_common_env(server_eps, worker_eps),
+            **_own_endpoint_env(worker_eps[index])}
+
+
+def child_environ(base: Mapping[str, str], role_env: dict[str, str]) -> dict[str, str]:
+    """A child's whole environment: ``base`` without any inherited role variable, plus ``role_env``."""
+    env = {k: v for k, v in base.items() if k not in ROLE_ENV_VARS}
+    env.update(role_env)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+# --- ports -----------------------------------------------------------------------------------------------
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if host.startswith("[") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # No SO_REUSEADDR: a port that is bound, listening or lingering elsewhere must fail here.
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _check_port_free(host: str, port: int, who: str, source: str) -> None:
+    try:
+        _bind(host, port).close()
+    except OSError as e:
+        raise LaunchError(f"port {port} on {host} (from {source}, for {who}) cannot be used: {e.strerror or e}",
+                          hint="stop whatever holds it, choose another port, or leave the ports to the launcher",
+                          code="E811") from None
+
+
+def pick_ports(needed: Sequence[tuple[str, str]], started_port: int | None) -> list[int]:
+    """One port per ``(host, who)`` in ``needed``: free ones from the OS (all held open together, so they
+    are distinct), or consecutive ones from ``started_port``, each checked free."""
+    if started_port is not None:
+        ports = []
+        for offset, (host, who) in enumerate(needed):
+            port = started_port + offset
+            if port > 65535:
+                raise _usage(f"--started_port {started_port} leaves no port for {who}: {len(needed)} ports needed "
+                             "from it, past 65535", hint="choose a lower --started_port")
+            try:
+                _bind(host, port).close()
+            except OSError as e:
+                raise LaunchError(f"port {port} on {host} (--started_port {started_port} + {offset}, for {who}) "
+                                  f"is not free: {e.strerror or e}",
+                                  hint="choose another --started_port, or leave it out to get free ports from the OS",
+                                  code="E811") from None
+            ports.append(port)
+        return ports
+    held: list[socket.socket] = []
+    try:
+        for host, who in needed:
+            try:
+                held.append(_bind(host, 0))
+            except OSError as e:
+                raise LaunchError(f"cannot get a free port on {host} for {who}: {e.strerror or e}",
+                                  hint="the local launcher starts every process on this machine: give hosts that "
+                                       "are addresses of it, such as 127.0.0.1", code="E811") from None
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+# --- running ---------------------------------------------------------------------------------------------
+
+
+class _Output:
+    """The launcher's stdout/stderr, shared by the reader threads under one lock; a closed pipe stops the
+    echo (the log files keep being written)."""
+
+    def __init__(self, out: IO[str], err: IO[str]) -> None:
+        self._out, self._err = out, err
+        self._lock = threading.Lock()
+        self._broken = False
+
+    def write(self, text: str, *, error: bool = False) -> None:
+        with self._lock:
+            if self._broken:
+                return
+            stream = self._err if error else self._out
+            try:
+                stream.write(text)
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe or stream: stop echoing
+                self._broken = True
+
+    def status(self, line: str, *, error: bool = False) -> None:
+        self.write(f"[launch] {line}\n", error=error)
+
+
+@dataclass
+class _Child:
+    spec: ProcessSpec
+    popen: subprocess.Popen[bytes]
+    log: IO[bytes] | None
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    reader: threading.Thread | None = None
+    returncode: int | None = None  # set when its exit is observed (the leader is still unreaped)
+    stopped: bool = False  # the launcher signalled it
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def observe(self) -> int | None:
+        """Its exit status if it has exited, without reaping it (the zombie keeps its pid and group id ours)."""
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # already reaped by someone else; fall back to Popen's own record
+            self.returncode = self.popen.returncode if self.popen.returncode is not None else -1
+            return self.returncode
+        if info is None or info.si_pid == 0:
+            return None
+        self.returncode = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        return self.returncode
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to the child's process group; only valid while the leader is unreaped."""
+        if self.popen.returncode is not None:
+            return
+        try:
+            os.killpg(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _pump(child: _Child, out: _Output) -> None:
+    """Reader thread: copy the child's output lines to its log, its tail and the tagged echo."""
+    prefix = f"[{child.spec.tag}] "
+    stream = child.popen.stdout
+    if stream is None:
+        return
+    for raw in iter(stream.readline, b""):
+        if not raw.endswith(b"\n"):
+            raw += b"\n"
+        if child.log is not None:
+            try:
+                child.log.write(raw)
+                child.log.flush()
+            except (OSError, ValueError):
+                child.log = None
+        text = raw.decode("utf-8", "replace")
+        child.tail.append(text.rstrip("\n"))
+        out.write(prefix + text)
+    stream.close()
+
+
+class _Signals:
+    """Catches SIGINT/SIGTERM while the job runs (main thread only) and wakes the supervisor."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.wake = threading.Event()
+        self._old: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        self.wake.set()
+
+    def __enter__(self) -> "_Signals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._old[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, old in self._old.items():
+            signal.signal(signum, old)  # type: ignore[arg-type]
+
+
+def _describe(child: _Child) -> str:
+    rc = child.returncode
+    if rc is None:
+        text = "still running"
+    elif rc >= 0:
+        text = f"exit {rc}"
+    else:
+        try:
+            text = f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            text = f"killed by signal {-rc}"
+    if child.stopped:
+        text += " (stopped by the launcher)"
+    return f"{child.spec.tag} (pid {child.pid}) {text}"
+
+
+class _Job:
+    """The running job: starts the children, supervises them and always cleans up."""
+
+    def __init__(self, plan: JobPlan, out: _Output, signals: _Signals) -> None:
+        self.plan = plan
+        self.out = out
+        self.signals = signals
+        self.children: list[_Child] = []
+
+    def start(self) -> None:
+        command = [sys.executable, self.plan.script, *self.plan.script_args]
+        for spec in self.plan.processes:  # pservers come first in the plan
+            log = None
+            if self.plan.log_dir is not None:
+                log = open(os.path.join(self.plan.log_dir, spec.log_name), "wb")
+            try:
+                popen = subprocess.Popen(command, env=child_environ(os.environ, spec.env), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError:
+                if log is not None:
+                    log.close()
+                raise
+            child = _Child(spec, popen, log)
+            child.reader = threading.Thread(target=_pump, args=(child, self.out), name=f"launch-{spec.tag}",
+                                            daemon=True)
+            child.reader.start()
+            self.children.append(child)
+            self.out.status(f"started {spec.tag} (pid {popen.pid}) at {spec.env['PADDLE_CURRENT_ENDPOINT']}")
+
+    def supervise(self) -> int:
+        """Wait for the job to end; the exit status of the launcher."""
+        trainers = [c for c in self.children if c.spec.kind == TRAINER_KIND]
+        trainers_done_at: float | None = None
+        while True:
+            if self.signals.received:
+                name = signal.Signals(self.signals.received[0]).name
+                self.out.status(f"got {name}: stopping the job", error=True)
+                self.stop(self.running())
+                return 128 + self.signals.received[0]
+            for child in self.children:
+                was_running = child.returncode is None
+                rc = child.observe()
+                if rc is None or not was_running:
+                    continue
+                self.out.status(f"{_describe(child)}")
+                if rc != 0:
+                    self._report_failure(child)
+                    self.stop(self.running())
+                    return EXIT_FAILED
+            running = self.running()
+            if not running:
+                return EXIT_OK
+            if all(t.returncode == 0 for t in trainers):
+                now = time.monotonic()
+                if trainers_done_at is None:
+                    trainers_done_at = now
+                    self.out.status(f"every trainer finished; waiting up to {self.plan.stop_timeout:g} s for "
+                                    f"{len(running)} pserver(s) to exit")
+                elif now - trainers_done_at >= self.plan.stop_timeout:
+                    names = ", ".join(f"{c.spec.tag} (pid {c.pid})" for c in running)
+                    self.out.status(f"{names} still running {self.plan.stop_timeout:g} s after every trainer "
+                                    "finished (--stop_timeout): stopping it", error=True)
+                    self.stop(running)
+                    return EXIT_FAILED
+            self.signals.wake.wait(POLL_S)
+            self.signals.wake.clear()
+
+    def running(self) -> list[_Child]:
+        return [c for c in self.children if c.observe() is None]
+
+    def _report_failure(self, child: _Child) -> None:
+        if child.reader is not None:
+            child.reader.join(timeout=2.0)  # let its last lines arrive
+        lines = [f"{child.spec.tag} (pid {child.pid}) failed with exit code {child.returncode}; stopping the job"]
+        if child.tail:
+            lines.append(f"last {len(child.tail)} line(s) of {child.spec.tag}:")
+            lines += [f"  | {line}" for line in child.tail]
+        else:
+            lines.append(f"{child.spec.tag} printed nothing")
+        for line in lines:
+            self.out.status(line, error=True)
+
+    def stop(self, children: Sequence[_Child]) -> None:
+        """SIGTERM each still-running child's group, then SIGKILL after the grace period (at once on a
+        second signal to the launcher)."""
+        alive = [c for c in children if c.observe() is None]
+        for child in alive:
+            child.stopped = True
+            child.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + TERM_GRACE_S
+        signals_before = len(self.signals.received)
+        while alive and time.monotonic() < deadline and len(self.signals.received) == signals_before:
+            time.sleep(POLL_S)
+            alive = [c for c in alive if c.observe() is None]
+        for child in alive:
+            child.signal_group(signal.SIGKILL)
+
+    def cleanup(self) -> None:
+        """Stop anything left, kill stragglers of every group, reap every leader, drain the readers."""
+        self.stop(self.running())
+        for child in self.children:
+            # The leader is dead but unreaped here, so its group id is still ours: sweep what it left.
+            child.signal_group(signal.SIGKILL)
+        for child in self.children:
+            try:
+                child.popen.wait(timeout=REAP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.out.status(f"{child.spec.tag} (pid {child.pid}) did not exit after SIGKILL", error=True)
+            if child.returncode is None:
+                child.returncode = child.popen.returncode
+        deadline = time.monotonic() + READER_JOIN_S
+        for child in self.children:
+            if child.reader is not None:
+                child.reader.join(timeout=max(0.0, deadline - time.monotonic()))
+            if child.log is not None:
+                child.log.close()
+
+    def summary(self) -> str:
+        return "summary: " + ", ".join(_describe(c) for c in self.children)
+
+
+def run_job(plan: JobPlan, out: IO[str] | None = None, err: IO[str] | None = None) -> int:
+    """Start the planned processes, supervise them to the end and clean up; the launcher's exit status."""
+    output = _Output(out or sys.stdout, err or sys.stderr)
+    with _Signals() as signals:
+        job = _Job(plan, output, signals)
+        status = EXIT_FAILED
+        try:
+            job.start()
+            status = job.supervise()
+        except OSError as e:
+            output.status(f"cannot start a process of the job: {e}; stopping the job", error=True)
+            status = EXIT_FAILED
+        finally:
+            job.cleanup()
+        output.status(job.summary())
+    return status
+
+
+def error_line(prog: str, exc: LaunchError) -> str:
+    """The one line a usage error prints."""
+    text = f"{prog}: error: {exc.message}"
+    if exc.hint:
+        text += f" (hint: {exc.hint})"
+    return text
+
+
+def launch(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """Run the launcher on ``argv`` (``sys.argv[1:]`` by default); returns its exit status."""
+    try:
+        args = build_parser(prog).parse_args(list(argv) if argv is not None else None)
+        plan = plan_job(args)
+    except LaunchError as e:
+        sys.stderr.write(error_line(prog, e) + "\n")
+        return EXIT_USAGE
+    except SystemExit as e:  # --help
+        return e.code if isinstance(e.code, int) else EXIT_OK
+    return run_job(plan)
+
+
+def main() -> None:
+    """Entry point of ``python -m runtime.launch``."""
+    sys.exit(launch())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""A process's place in a distributed job, read from Paddle's environment variables.
+
+``role_from_env()`` turns the variables that ``flotilla launch`` (or a cluster scheduler, or a user by
+hand) sets into a ``Role``, so one training script serves every role::
+
+    role = role_from_env()
+    t.transpile(role.trainer_id, pservers=role.pservers, trainers=role.trainers)
+    if role.is_pserver: ...
+
+Variables read (Paddle's names): ``TRAINING_ROLE`` (``PSERVER`` | ``TRAINER``), ``PADDLE_TRAINER_ID``,
+``PADDLE_TRAINERS_NUM``, ``PADDLE_PSERVERS_IP_PORT_LIST`` (``ip:port,ip:port``),
+``PADDLE_CURRENT_ENDPOINT`` (or ``POD_IP`` + ``PADDLE_PORT`` for a pserver), ``PADDLE_TRAINER_ENDPOINTS``.
+
+Invariants:
+- With none of these variables set the role is a local, single-process trainer (id 0 of 1 trainer, no
+  pservers), so a script also runs standalone.
+- A variable set to the empty string counts as unset. Roles are matched case-insensitively.
+- Every invalid value raises ``LaunchError`` naming the variable, the value found, what was expected
+  and how to fix it; nothing is guessed or silently dropped.
+- Endpoints are kept in canonical ``host:port`` form (surrounding blanks dropped, the port as a plain
+  decimal), so two spellings of one endpoint compare equal.
+- This module imports only the standard library and ``ir.errors`` (no jax, no grpc): the launcher and
+  light tools use it.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ir.errors import FlotillaError
+
+PSERVER = "PSERVER"
+TRAINER = "TRAINER"
+ROLES = (PSERVER, TRAINER)
+
+#: Every variable ``role_from_env`` reads; the launcher clears them from its own environment before
+#: setting each child's, so nothing leaks from the caller's shell into a child's role.
+ROLE_ENV_VARS = (
+    "TRAINING_ROLE",
+    "PADDLE_TRAINER_ID",
+    "PADDLE_TRAINERS_NUM",
+    "PADDLE_PSERVERS_IP_PORT_LIST",
+    "PADDLE_CURRENT_ENDPOINT",
+    "POD_IP",
+    "PADDLE_PORT",
+    "PADDLE_TRAINER_ENDPOINTS",
+)
+
+_ENDPOINT_HINT = "write an endpoint as host:port (e.g. 127.0.0.1:6174) and a list as host:port,host:port"
+
+
+class LaunchError(FlotillaError):
+    """A bad role environment or a bad launcher invocation.
+
+    Codes: E801 unknown role, E802 a bad integer (trainer count or id), E803 a malformed endpoint or
+    endpoint list, E804 a pserver without a valid endpoint of its own, E805 variables that contradict
+    each other, E810 bad launcher arguments, E811 a port that cannot be used, E812 a missing file or
+    an unusable log directory.
+    """
+
+    code = "E800"
+
+
+def parse_endpoint(text: str, where: str) -> tuple[str, int]:
+    """``host:port`` → ``(host, port)``; ``where`` names the source (a variable or flag) for the error.
+
+    The host is a name, an IPv4 address or a bracketed IPv6 address (``[::1]:6174``); the port is a
+    decimal in 1..65535.
+    """
+    item = text.strip()
+    host, sep, port_text = item.rpartition(":")
+    problem = None
+    if not sep or not host:
+        problem = "it has no host:port form"
+    elif any(c.isspace() or c == "," for c in host):
+        problem = "its host contains a blank or a comma"
+    elif ":" in host and not (host.startswith("[") and host.endswith("]")):
+        problem = "an IPv6 host must be bracketed, as in [::1]:6174"
+    elif not port_text.isdigit():
+        problem = f"its port {port_text!r} is not a decimal number"
+    elif not 1 <= int(port_text) <= 65535:
+        problem = f"its port {int(port_text)} is outside 1..65535"
+    if problem is not None:
+        raise LaunchError(f"{where}: {item!r} is not an endpoint: {problem}", hint=_ENDPOINT_HINT, code="E803")
+    return host, int(port_text)
+
+
+def format_endpoint(host: str, port: int) -> str:
+    """The canonical text of an endpoint: ``host:port``."""
+    return f"{host}:{port}"
+
+
+def parse_endpoint_list(text: str, where: str) -> tuple[str, ...]:
+    """A comma-separated endpoint list → canonical endpoints; empty items and duplicates are errors."""
+    items = text.split(",")
+    endpoints: list[str] = []
+    for position, item in enumerate(items):
+        if not item.strip():
+            raise LaunchError(f"{where}: item {position} of {text!r} is empty", hint=_ENDPOINT_HINT + " (no empty "
+                              "items, no trailing comma)", code="E803")
+        endpoint = format_endpoint(*parse_endpoint(item, where))
+        if endpoint in endpoints:
+            raise LaunchError(f"{where}: endpoint {endpoint} appears twice in {text!r}",
+                              hint="every process needs an endpoint of its own; remove the duplicate", code="E803")
+        endpoints.append(endpoint)
+    return tuple(endpoints)
+
+
+@dataclass(frozen=True)
+class Role:
+    """Where this process stands in a job.
+
+    ``role`` is ``PSERVER`` or ``TRAINER``; ``trainer_id`` is in ``0..trainers-1`` (a pserver has 0
+    unless ``PADDLE_TRAINER_ID`` says otherwise: pserver programs do not depend on it);
+    ``pserver_endpoints`` lists every pserver (empty: no parameter servers); ``current_endpoint`` is this
+    process's own endpoint (a pserver's always; a trainer's when the trainer endpoints are known, else
+    ``""``); ``trainer_endpoints`` lists every trainer's endpoint when known (collective mode needs it).
+    Lists given to the constructor are stored as tuples.
+    """
+
+    role: str = TRAINER
+    trainer_id: int = 0
+    trainers: int = 1
+    pserver_endpoints: tuple[str, ...] = ()
+    current_endpoint: str = ""
+    trainer_endpoints: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pserver_endpoints", tuple(self.pserver_endpoints))
+        object.__setattr__(self, "trainer_endpoints", tuple(self.trainer_endpoints))
+        if self.role not in ROLES:
+            raise LaunchError(f"Role.role is {self.role!r}, expected one of {', '.join(ROLES)}", code="E801")
+        if self.trainers < 1:
+            raise LaunchError(f"Role.trainers is {self.trainers}, expected at least 1", code="E802")
+        if not 0 <= self.trainer_id < self.trainers:
+            raise LaunchError(f"Role.trainer_id is {self.trainer_id}, expected 0..{self.trainers - 1} "
+                              f"for {self.trainers} trainer(s)", code="E802")
+        if self.trainer_endpoints and len(self.trainer_endpoints) != self.trainers:
+            raise LaunchError(f"Role has {len(self.trainer_endpoints)} trainer endpoint(s) for {self.trainers} "
+                              "trainer(s), expected one endpoint per trainer", code="E805")
+        if self.role == PSERVER and self.current_endpoint not in self.pserver_endpoints:
+            raise LaunchError(f"a pserver Role's current_endpoint {self.current_endpoint!r} is not one of its "
+                              f"pserver_endpoints {list(self.pserver_endpoints)}", code="E804")
+
+    @property
+    def is_pserver(self) -> bool:
+        return self.role == PSERVER
+
+    @property
+    def is_trainer(self) -> bool:
+        return self.role == TRAINER
+
+    @property
+    def is_distributed(self) -> bool:
+        """Whether the job has parameter servers."""
+        return bool(self.pserver_endpoints)
+
+    @property
+    def is_collective(self) -> bool:
+        """Whether this is a collective (allreduce) job: trainer endpoints known, no pservers."""
+        return bool(self.trainer_endpoints) and not self.pserver_endpoints
+
+    @property
+    def pservers(self) -> str:
+        """The pserver endpoints comma-joined, as ``DistributeTranspiler.transpile(pservers=...)`` takes."""
+        return ",".join(self.pserver_endpoints)
+
+    @property
+    def pserver_index(self) -> int | None:
+        """This pserver's position in ``pserver_endpoints``; None for a trainer."""
+        return self.pserver_endpoints.index(self.current_endpoint) if self.is_pserver else None
+
+
+def _get(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def _get_int(env: Mapping[str, str], name: str, minimum: int, what: str) -> int | None:
+    text = _get(env, name)
+    if text is None:
+        return None
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise LaunchError(f"{name}={text!r} is not an integer: expected {what}",
+                          hint=f"set {name} to a decimal number such as {minimum}", code="E802") from None
+    if value < minimum:
+        raise LaunchError(f"{name}={text!r} is below {minimum}: expected {what}",
+                          hint=f"set {name} to {minimum} or more", code="E802")
+    return value
+
+
+def role_from_env(environ: Mapping[str, str] | None = None) -> Role:
+    """This process's ``Role`` from Paddle's variables in ``environ`` (``os.environ`` by default).
+
+    Raises ``LaunchError`` naming the variable, its value and the fix for any invalid value.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    role_text = _get(env, "TRAINING_ROLE")
+    role = TRAINER if role_text is None else role_text.upper()
+    if role not in ROLES:
+        raise LaunchError(f"TRAINING_ROLE={role_text!r} is not a role: expected PSERVER or TRAINER",
+                          hint="set TRAINING_ROLE=PSERVER for a parameter server or TRAINING_ROLE=TRAINER for a "
+                               "trainer ('flotilla launch' sets it for each process)", code="E801")
+
+    pservers_text = _get(env, "PADDLE_PSERVERS_IP_PORT_LIST")
+    pservers = parse_endpoint_list(pservers_text, "PADDLE_PSERVERS_IP_PORT_LIST") if pservers_text else ()
+    trainer_eps_text = _get(env, "PADDLE_TRAINER_ENDPOINTS")
+    trainer_eps = parse_endpoint_list(trainer_eps_text, "PADDLE_TRAINER_ENDPOINTS") if trainer_eps_text else ()
+
+    trainers = _get_int(env, "PADDLE_TRAINERS_NUM", 1, "the number of trainers, at least 1")
+    if trainers is None:
+        trainers = len(trainer_eps) or 1
+    if trainer_eps and len(trainer_eps) != trainers:
+        raise LaunchError(f"PADDLE_TRAINER_ENDPOINTS={trainer_eps_text!r} lists {len(trainer_eps)} endpoint(s) but "
+                          f"PADDLE_TRAINERS_NUM={trainers}: expected one endpoint per trainer",
+                          hint="make PADDLE_TRAINERS_NUM the number of endpoints in PADDLE_TRAINER_ENDPOINTS",
+                          code="E805")
+
+    trainer_id = _get_int(env, "PADDLE_TRAINER_ID", 0, f"a trainer id in 0..{trainers - 1}")
+    if trainer_id is None:
+        trainer_id = 0
+    if trainer_id >= trainers:
+        raise LaunchError(f"PADDLE_TRAINER_ID={trainer_id} is out of range: PADDLE_TRAINERS_NUM={trainers} allows "
+                          f"0..{trainers - 1}",
+                          hint="number trainers from 0, or raise PADDLE_TRAINERS_NUM", code="E802")
+
+    if role == PSERVER:
+        current = _pserver_endpoint(env, pservers, pservers_text)
+    else:
+        current = _trainer_endpoint(env, trainer_eps, trainer_id)
+    return Role(role=role, trainer_id=trainer_id, trainers=trainers, pserver_endpoints=pservers,
+                current_endpoint=current, trainer_endpoints=trainer_eps)
+
+
+def _pserver_endpoint(env: Mapping[str, str], pservers: Sequence[str], pservers_text: str | None) -> str:
+    """A pserver's own endpoint: ``PADDLE_CURRENT_ENDPOINT``, else ``POD_IP:PADDLE_PORT``; it must be listed."""
+    if not pservers:
+        raise LaunchError("TRAINING_ROLE=PSERVER but PADDLE_PSERVERS_IP_PORT_LIST is not set: a pserver needs the "
+                          "list of every pserver endpoint",
+                          hint="set PADDLE_PSERVERS_IP_PORT_LIST=host:port,host:port (or start the job with "
+                               "'flotilla launch --server_num N --worker_num M')", code="E804")
+    current_text = _get(env, "PADDLE_CURRENT_ENDPOINT")
+    if current_text is not None:
+        source = f"PADDLE_CURRENT_ENDPOINT={current_text!r}"
+        current = format_endpoint(*parse_endpoint(current_text, "PADDLE_CURRENT_ENDPOINT"))
+    else:
+        pod_ip, port_text = _get(env, "POD_IP"), _get(env, "PADDLE_PORT")
+        if pod_ip is None or port_text is None:
+            missing = " and ".join(n for n, v in (("POD_IP", pod_ip), ("PADDLE_PORT", port_text)) if v is None)
+            raise LaunchError(f"TRAINING_ROLE=PSERVER but its own endpoint is unknown: PADDLE_CURRENT_ENDPOINT is "
+                              f"not set, and neither is {missing}",
+                              hint="set PADDLE_CURRENT_ENDPOINT=host:port (one of PADDLE_PSERVERS_IP_PORT_LIST), "
+                                   "or POD_IP and PADDLE_PORT", code="E804")
+        source = f"POD_IP={pod_ip!r} with PADDLE_PORT={port_text!r}"
+        current = format_endpoint(*parse_endpoint(f"{pod_ip}:{port_text}", "POD_IP:PADDLE_PORT"))
+    if current not in pservers:
+        raise LaunchError(f"this pserver's endpoint {current} (from {source}) is not in "
+                          f"PADDLE_PSERVERS_IP_PORT_LIST={pservers_text!r}",
+                          hint="a pserver must serve one of the listed endpoints: fix the list or the current "
+                               "endpoint", code="E804")
+    return current
+
+
+def _trainer_endpoint(env: Mapping[str, str], trainer_eps: Sequence[str], trainer_id: int) -> str:
+    """A trainer's own endpoint: its entry in ``PADDLE_TRAINER_ENDPOINTS``, else ``PADDLE_CURRENT_ENDPOINT``."""
+    current_text = _get(env, "PADDLE_CURRENT_ENDPOINT")
+    current = format_endpoint(*parse_endpoint(current_text, "PADDLE_CURRENT_ENDPOINT")) if current_text else ""
+    if not trainer_eps:
+        return current
+    listed = trainer_eps[trainer_id]
+    if current and current != listed:
+        raise LaunchError(f"PADDLE_CURRENT_ENDPOINT={current_text!r} differs from entry {trainer_id} of "
+                          f"PADDLE_TRAINER_ENDPOINTS ({listed}) for PADDLE_TRAINER_ID={trainer_id}",
+                          hint="a trainer's current endpoint is its own entry of PADDLE_TRAINER_ENDPOINTS: fix one "
+                               "of them, or unset PADDLE_CURRENT_ENDPOINT", code="E805")
+    return listed

@@ -1,0 +1,7 @@
+"""The parameter-server runtime over gRPC: the wire format (``wire``), the pure pserver state
+(``pserver``), the gRPC servicer and server (``server``), and the trainer's client (``client``).
+
+``send_recv.proto`` is the protocol; ``send_recv_pb2*.py`` are generated from it by
+``scripts/gen_proto.py`` and checked in.
+"""
+from __future__ import annotations

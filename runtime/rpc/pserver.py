@@ -1,0 +1,519 @@
+"""The parameter server's state machine, free of gRPC: what a ``listen_and_serv`` op serves.
+
+``PServer`` holds the pserver program, its scope (parameter slices, accumulators, table shards) and an
+Executor that runs the program's optimize blocks. The gRPC servicer (``runtime.rpc.server``) is a thin
+layer that decodes requests, calls one method here and maps ``PServerError.status`` to a gRPC status
+code; tests drive this class directly.
+
+Protocol (sync mode, one step ``s``; every trainer is identified by its id):
+1. each live trainer sends its gradients of ``s`` (stored, not applied), then a SEND barrier for ``s``;
+   the SEND barrier of ``s`` waits until every live trainer's FETCH barrier of ``s - 1`` is in;
+2. when every live trainer's SEND barrier of ``s`` is in, the optimize blocks run once, in
+   ``optimize_blocks`` order (the learning-rate block first), and every SEND barrier call returns;
+3. trainers fetch parameters (``get``, answered at once: nothing changes them until step ``s + 1``'s
+   barrier), then send a FETCH barrier; when every live trainer's is in, the step becomes ``s + 1``.
+A FETCH barrier for a step whose SEND barrier the trainer did not send (the trainer startup program's)
+changes nothing. ``complete(t)`` removes ``t`` from the live trainers (its gradient copies are zeroed,
+so nothing stale is applied again) and may thereby finish a barrier; once every trainer has completed,
+``wait`` returns. Async mode: each gradient runs its optimize block on arrival, under that block's lock;
+a ``get`` reads under the lock of the block that writes the variable; there are no barriers.
+
+Invariants:
+- Every request is validated completely before any state changes: a rejected request leaves the
+  parameters and the protocol state exactly as they were.
+- Retries are harmless: a send whose (trainer, variable, seq) was seen is acknowledged and dropped;
+  barriers and ``complete`` are idempotent.
+- No wait is unbounded: a sync step whose barrier is partly in for longer than ``barrier_timeout``
+  seconds (or, in async mode, a live trainer silent that long) fails the pserver with an error naming
+  the missing trainers and the step; every blocked call then returns ABORTED with that message.
+- Distributed lookup table shards hold the global rows ``r`` with ``r % pservers == pserver_id`` at local
+  row ``r // pservers``: received sparse table gradients and prefetched ids are mapped to local rows here.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ir.core import Operator, Program, Variable
+from ir.errors import FlotillaError
+from ir.names import dc_asgd_backup_name
+from ir.ops.registry import suggest
+from runtime.rpc.wire import Decoded, encode_variable
+from runtime.scope import Scope, SelectedRows
+
+TRAINER_ID_VAR = "@TRAINER_ID@"
+
+
+class Status(enum.Enum):
+    """The outcome classes of a request; the servicer maps them to gRPC status codes of the same name."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    ABORTED = "ABORTED"
+    INTERNAL = "INTERNAL"
+
+
+class PServerError(FlotillaError):
+    """A request the pserver refuses (``status`` says why), or the pserver's own failure."""
+
+    code = "E720"
+
+    def __init__(self, status: Status, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+
+
+class BarrierKind(enum.IntEnum):
+    SEND = 0
+    FETCH = 1
+
+
+def _entries(op: Operator, attr: str) -> dict[str, int]:
+    out = {}
+    for entry in op.attr(attr):
+        name, _, idx = entry.rpartition(":")
+        out[name] = int(idx)
+    return out
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What ``listen_and_serv`` says about the service."""
+
+    endpoint: str
+    trainers: int
+    sync_mode: bool
+    pserver_id: int
+    pservers: int
+    optimize_blocks: tuple[int, ...]
+    grad_to_block: dict[str, int]
+    lr_block: int
+    prefetch_to_block: dict[str, int]
+    sparse_grad_to_param: dict[str, str]
+    checkpoint_block: int
+    dc_asgd: bool
+
+    @classmethod
+    def from_op(cls, op: Operator) -> "ServeConfig":
+        sparse = {}
+        for entry in op.attr("sparse_grad_to_param"):
+            grad, _, param = entry.partition(":")
+            sparse[grad] = param
+        return cls(
+            endpoint=op.attr("endpoint"), trainers=int(op.attr("Fanin")), sync_mode=bool(op.attr("sync_mode")),
+            pserver_id=max(0, int(op.attr("pserver_id"))), pservers=int(op.attrs.get("pservers", 1)),
+            optimize_blocks=tuple(b.idx for b in op.attr("optimize_blocks")),
+            grad_to_block=_entries(op, "grad_to_block_id"), lr_block=int(op.attr("lr_decay_block_id")),
+            prefetch_to_block=_entries(op, "prefetch_var_name_to_block_id"), sparse_grad_to_param=sparse,
+            checkpoint_block=int(op.attr("checkpoint_block_id")), dc_asgd=bool(op.attr("dc_asgd")))
+
+
+@dataclass
+class _SyncState:
+    step: int = 0
+    sent: set[int] = field(default_factory=set)  # SEND barriers in for `step`
+    fetched: set[int] = field(default_factory=set)  # FETCH barriers in for `step`
+    optimized: bool = False
+    started_at: float | None = None  # when the first barrier of the unfinished phase came in
+
+
+class PServer:
+    """Serve one pserver program (see the module docstring). ``run_block(block_idx)`` runs a block of
+    ``program`` against ``scope`` (normally ``Executor.run_block``)."""
+
+    def __init__(self, program: Program, scope: Scope, op: Operator, run_block: Callable[[int, Scope], None], *,
+                 barrier_timeout: float = 120.0, save_persistables: Callable[[str], None] | None = None) -> None:
+        self.program, self.scope, self.config = program, scope, ServeConfig.from_op(op)
+        self._run_block = run_block
+        self._save = save_persistables
+        self.barrier_timeout = barrier_timeout
+        block = program.global_block()
+        self._received: dict[str, Variable] = {n: block.var(n) for n in op.input("X")}
+        self._grad_block = {}
+        for name, var in self._received.items():
+            base = var.copy_of if var.copy_of and var.copy_of in self.config.grad_to_block else name
+            if base not in self.config.grad_to_block:
+                raise PServerError(Status.INTERNAL, f"listen_and_serv receives {name!r} but no grad_to_block_id "
+                                   "entry names it", hint="transpile the program again")
+            self._grad_block[name] = self.config.grad_to_block[base]
+        self._table_grads = {n for n, v in self._received.items()
+                             if (v.copy_of or n) in self.config.sparse_grad_to_param
+                             and getattr(block.var(self.config.sparse_grad_to_param[v.copy_of or n]), "is_distributed", False)}
+        self._gettable = {n for n, v in block.vars.items() if v.persistable}
+        # The lock of the block that writes each variable (async mode); the lr block has its own.
+        self._block_locks = {idx: threading.Lock() for idx in range(program.num_blocks)}
+        self._writer_lock: dict[str, threading.Lock] = {}
+        for idx in self.config.optimize_blocks:
+            for bop in program.block(idx).ops:
+                for n in bop.output_arg_names:
+                    self._writer_lock.setdefault(n, self._block_locks[idx])
+        self._cv = threading.Condition()
+        self._live = set(range(self.config.trainers))
+        self._seen_seq: dict[tuple[int, str], int] = {}
+        self._last_seen = {t: time.monotonic() for t in self._live}
+        self._sync = _SyncState()
+        self._failure: PServerError | None = None
+        self.steps_run = 0
+
+    # --- checks shared by every request
+    def _check_trainer(self, trainer_id: int, what: str) -> None:
+        if not 0 <= trainer_id < self.config.trainers:
+            raise PServerError(Status.INVALID_ARGUMENT,
+                               f"{what}: trainer_id {trainer_id} is out of range; this pserver serves "
+                               f"{self.config.trainers} trainers (ids 0..{self.config.trainers - 1})",
+                               hint="set PADDLE_TRAINER_ID below PADDLE_TRAINERS_NUM, as transpiled")
+        self._last_seen[trainer_id] = time.monotonic()
+
+    def _check_running(self) -> None:
+        if self._failure is not None:
+            raise PServerError(Status.ABORTED, str(self._failure.message))
+
+    def _check_live(self, trainer_id: int, what: str) -> None:
+        if trainer_id not in self._live:
+            raise PServerError(Status.FAILED_PRECONDITION,
+                               f"{what} from trainer {trainer_id}, which already sent Complete",
+                               hint="a trainer sends nothing after Executor.close()")
+
+    # --- requests
+    def send(self, msg: Decoded) -> None:
+        """Store (sync) or apply (async) one received gradient."""
+        t, name = msg.header.trainer_id, msg.name
+        self._check_trainer(t, f"send of {name!r}")
+        var = self._received.get(name)
+        if var is None:
+            raise PServerError(Status.NOT_FOUND, f"send of {name!r}: this pserver receives no such variable",
+                               hint=suggest(name, list(self._received)) or
+                               "send each gradient to the endpoint its send op's epmap names")
+        if var.trainer_id is not None and var.trainer_id != t:
+            raise PServerError(Status.INVALID_ARGUMENT,
+                               f"send of {name!r}: that is trainer {var.trainer_id}'s copy, but the request comes "
+                               f"from trainer {t}", hint="each trainer sends only its own gradient copies")
+        value = self._checked_value(name, var, msg.value)
+        if name in self._table_grads:
+            value = self._local_rows(name, value)
+        key = (t, name)
+        with self._cv:
+            self._check_running()
+            self._check_live(t, f"send of {name!r}")
+            if msg.header.seq and self._seen_seq.get(key, 0) >= msg.header.seq:
+                return  # a retry of a send already stored
+            if self.config.sync_mode:
+                self._check_send_step(t, name, msg.header.step)
+                self.scope.set_var(name, value)
+                self._seen_seq[key] = msg.header.seq
+                return
+            self._seen_seq[key] = msg.header.seq
+        self._apply_async(t, name, value)
+
+    def get(self, trainer_id: int, name: str) -> bytes:
+        """The wire bytes of variable ``name`` (a parameter slice or any persistable of block 0)."""
+        self._check_trainer(trainer_id, f"get of {name!r}")
+        if name not in self._gettable:
+            raise PServerError(Status.NOT_FOUND, f"get of {name!r}: this pserver holds no such variable",
+                               hint=suggest(name, sorted(self._gettable)) or
+                               "fetch each parameter from the endpoint its recv op's epmap names")
+        if self.config.sync_mode:
+            # Nothing changes a parameter between a trainer's SEND barrier and its next one, so the
+            # value is read under the state lock (never mid-optimize) and encoded outside it.
+            with self._cv:
+                self._check_running()
+                value = self._value_of(name)
+        else:
+            with self._writer_lock.get(name) or _NO_LOCK:
+                value = self._value_of(name)
+                if self.config.dc_asgd:
+                    self.scope.set_var(dc_asgd_backup_name(name, trainer_id), value)
+        return encode_variable(name, value)
+
+    def _value_of(self, name: str) -> Any:
+        value = self.scope.find_var(name)
+        if value is None:
+            raise PServerError(Status.FAILED_PRECONDITION, f"get of {name!r}: the variable is not initialised",
+                               hint="run the pserver startup program before listen_and_serv")
+        return value
+
+    def prefetch(self, msg: Decoded) -> bytes:
+        """The rows of the table shard for the ids in ``msg`` (named by the trainer's ids variable)."""
+        t, name = msg.header.trainer_id, msg.name
+        self._check_trainer(t, f"prefetch of {name!r}")
+        block_idx = self.config.prefetch_to_block.get(name)
+        if block_idx is None:
+            raise PServerError(Status.NOT_FOUND, f"prefetch of {name!r}: this pserver answers no such ids variable",
+                               hint=suggest(name, list(self.config.prefetch_to_block)) or
+                               "prefetch from the endpoint the prefetch op's epmap names")
+        ids = msg.value
+        if isinstance(ids, SelectedRows) or ids.dtype != np.int64:
+            raise PServerError(Status.INVALID_ARGUMENT, f"prefetch of {name!r}: ids must be a dense int64 tensor, "
+                               f"got {type(ids).__name__} of {ids.dtype}")
+        (lookup,) = [o for o in self.program.block(block_idx).ops if o.type == "lookup_sparse_table"]
+        table = lookup.input("W")[0]
+        local = self._local_ids(f"prefetch of {name!r}", ids.reshape(-1), table)
+        out_name = lookup.output("Out")[0]
+        with self._cv:
+            self._check_running()
+        scope = self.scope.new_scope()
+        scope.set_var(lookup.input("Ids")[0], local.reshape(ids.shape))
+        with self._writer_lock.get(table) or _NO_LOCK:
+            self._run_block(block_idx, scope)
+            return encode_variable(out_name, scope.var(out_name))
+
+    def barrier(self, trainer_id: int, step: int, kind: BarrierKind) -> None:
+        """A trainer's SEND or FETCH barrier of ``step`` (sync mode; a no-op in async mode)."""
+        self._check_trainer(trainer_id, f"{kind.name} barrier")
+        if not self.config.sync_mode:
+            return
+        with self._cv:
+            self._check_running()
+            self._check_live(trainer_id, f"{kind.name} barrier of step {step}")
+            st = self._sync
+            if kind is BarrierKind.FETCH:
+                if step == st.step and trainer_id in st.sent and st.optimized:
+                    st.fetched.add(trainer_id)
+                    self._maybe_advance()
+                elif step > st.step:
+                    raise PServerError(Status.FAILED_PRECONDITION,
+                                       f"FETCH barrier of step {step} from trainer {trainer_id}, but the pserver "
+                                       f"is at step {st.step}", hint="a trainer sends its barriers in step order")
+                return
+            if step < st.step or (step == st.step and trainer_id in st.sent and st.optimized):
+                return  # a retry of a barrier already counted
+            if step > st.step + 1:
+                raise PServerError(Status.FAILED_PRECONDITION,
+                                   f"SEND barrier of step {step} from trainer {trainer_id}, but the pserver is at "
+                                   f"step {st.step}", hint="a trainer sends its barriers in step order")
+            self._wait(lambda: self._sync.step >= step, trainer_id, f"the FETCH barriers of step {step - 1}")
+            st = self._sync
+            if st.started_at is None:
+                st.started_at = time.monotonic()
+            st.sent.add(trainer_id)
+            self._maybe_optimize()
+            self._wait(lambda: self._sync.step > step or self._sync.optimized, trainer_id,
+                       f"the SEND barriers of step {step}")
+
+    def complete(self, trainer_id: int) -> None:
+        """Trainer ``trainer_id`` is done: it leaves every later barrier."""
+        self._check_trainer(trainer_id, "Complete")
+        with self._cv:
+            if trainer_id not in self._live:
+                return
+            for name, var in self._received.items():
+                if var.trainer_id == trainer_id:
+                    self.scope.set_var(name, self._zeros_of(name, var))
+            self._live.discard(trainer_id)
+            if self.config.sync_mode and self._failure is None:
+                self._maybe_optimize()
+                self._maybe_advance()
+            self._cv.notify_all()
+
+    def checkpoint(self, trainer_id: int, dirname: str) -> str:
+        """Save every persistable variable of the pserver under ``dirname/pserver_<id>``; returns that path."""
+        self._check_trainer(trainer_id, "CheckpointNotify")
+        if not dirname:
+            raise PServerError(Status.INVALID_ARGUMENT, "CheckpointNotify names no directory",
+                               hint="pass the checkpoint directory to save_persistables")
+        if self._save is None:
+            raise PServerError(Status.FAILED_PRECONDITION, "this pserver was started without a way to save")
+        path = checkpoint_dir(dirname, self.config.pserver_id)
+        with self._cv:
+            self._check_running()
+            with _all(self._block_locks.values()):
+                self._save(path)
+        return path
+
+    def health(self) -> dict[str, Any]:
+        with self._cv:
+            return {"serving": self._failure is None and bool(self._live), "endpoint": self.config.endpoint,
+                    "pserver_id": self.config.pserver_id, "sync_mode": self.config.sync_mode,
+                    "step": self._sync.step, "live_trainers": sorted(self._live)}
+
+    # --- serving
+    def wait(self, poll: float = 0.2) -> None:
+        """Block until every trainer has completed; raise the pserver's failure if it failed."""
+        with self._cv:
+            while self._live and self._failure is None:
+                self._cv.wait(poll)
+                self._watchdog()
+            if self._failure is not None:
+                raise self._failure
+
+    def fail(self, error: PServerError) -> None:
+        with self._cv:
+            if self._failure is None:
+                self._failure = error
+            self._cv.notify_all()
+
+    # --- internals (called with self._cv held unless said otherwise)
+    def _watchdog(self) -> None:
+        now = time.monotonic()
+        st = self._sync
+        if self.config.sync_mode:
+            if st.started_at is not None and now - st.started_at > self.barrier_timeout:
+                phase, done = ("FETCH", st.fetched) if st.optimized else ("SEND", st.sent)
+                missing = sorted(self._live - done)
+                self.fail(PServerError(
+                    Status.ABORTED,
+                    f"pserver {self.config.endpoint}: step {st.step} waited {self.barrier_timeout:g}s for the "
+                    f"{phase} barrier of trainer(s) {missing}; giving up",
+                    hint="a trainer died or hangs; see its log (FLAGS_pserver_timeout_ms sets this limit)"))
+            return
+        silent = sorted(t for t in self._live if now - self._last_seen[t] > self.barrier_timeout)
+        if silent:
+            self.fail(PServerError(
+                Status.ABORTED, f"pserver {self.config.endpoint}: trainer(s) {silent} sent nothing for "
+                f"{self.barrier_timeout:g}s and did not complete; giving up",
+                hint="a trainer died or hangs; see its log (FLAGS_pserver_timeout_ms sets this limit)"))
+
+    def _wait(self, ready: Callable[[], bool], trainer_id: int, what: str) -> None:
+        deadline = time.monotonic() + self.barrier_timeout
+        while not ready():
+            self._check_running()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._watchdog()
+                self._check_running()
+                raise PServerError(Status.ABORTED, f"trainer {trainer_id} waited {self.barrier_timeout:g}s for {what}")
+            self._cv.wait(min(remaining, 0.5))
+        self._check_running()
+
+    def _check_send_step(self, t: int, name: str, step: int) -> None:
+        st = self._sync
+        ok = step == st.step and t not in st.sent or step == st.step + 1 and t in st.sent and st.optimized
+        if not ok:
+            raise PServerError(Status.FAILED_PRECONDITION,
+                               f"send of {name!r} from trainer {t} for step {step}, but the pserver is at step "
+                               f"{st.step} ({'after' if t in st.sent else 'before'} that trainer's SEND barrier)",
+                               hint="a trainer sends a step's gradients before that step's SEND barrier")
+
+    def _maybe_optimize(self) -> None:
+        st = self._sync
+        if st.optimized or not self._live or not self._live <= st.sent:
+            return
+        try:
+            for idx in self.config.optimize_blocks:
+                self._run_block(idx, self.scope)
+        except Exception as e:  # noqa: BLE001 - the pserver fails; every waiter learns why
+            self.fail(PServerError(Status.INTERNAL, f"pserver {self.config.endpoint}: optimize blocks of step "
+                                   f"{st.step} failed: {type(e).__name__}: {e}"))
+            return
+        self.steps_run += 1
+        st.optimized = True
+        st.started_at = time.monotonic()
+        self._cv.notify_all()
+
+    def _maybe_advance(self) -> None:
+        st = self._sync
+        if st.optimized and self._live <= st.fetched:
+            self._sync = _SyncState(step=st.step + 1)
+            self._cv.notify_all()
+
+    def _apply_async(self, t: int, name: str, value: Any) -> None:
+        idx = self._grad_block[name]
+        first_grad = next(iter(self.config.grad_to_block))
+        with self._block_locks[idx]:
+            if self.config.lr_block >= 0 and idx == self.config.grad_to_block[first_grad]:
+                with self._block_locks[self.config.lr_block]:
+                    self._run_block(self.config.lr_block, self.scope)
+            scope = self.scope.new_scope()
+            scope.set_var(name, value)
+            if self.config.dc_asgd:
+                scope.set_var(TRAINER_ID_VAR, np.array([t], np.int64))
+            try:
+                self._run_block(idx, _WriteThrough(scope, self.scope))
+            except Exception as e:  # noqa: BLE001 - reported to the sender
+                raise PServerError(Status.INTERNAL, f"applying {name!r} failed: {type(e).__name__}: {e}") from e
+        self.steps_run += 1
+
+    def _zeros_of(self, name: str, var: Variable) -> Any:
+        """A zero value of received variable ``name`` (a completed trainer's gradient copy)."""
+        if var.type != "selected_rows":
+            return np.zeros(var.shape, var.dtype)
+        height = var.shape[0]
+        if name in self._table_grads:
+            height = self.program.global_block().var(self.config.sparse_grad_to_param[var.copy_of or name]).shape[0]
+        return SelectedRows(np.zeros((0,), np.int64), np.zeros((0,) + tuple(var.shape[1:]), var.dtype), height)
+
+    def _checked_value(self, name: str, var: Variable, value: Any) -> Any:
+        got_dtype = str(value.dtype)
+        if got_dtype != var.dtype:
+            raise PServerError(Status.INVALID_ARGUMENT,
+                               f"send of {name!r}: dtype {got_dtype}, expected {var.dtype}")
+        sparse = isinstance(value, SelectedRows)
+        if sparse != (var.type == "selected_rows"):
+            raise PServerError(Status.INVALID_ARGUMENT,
+                               f"send of {name!r}: got a {'selected_rows' if sparse else 'dense'} value, "
+                               f"expected {var.type}")
+        shape = value.shape
+        declared = tuple(var.shape)
+        if len(shape) != len(declared) or any(d >= 0 and d != s for d, s in zip(declared, shape)):
+            raise PServerError(Status.INVALID_ARGUMENT,
+                               f"send of {name!r}: shape {list(shape)}, expected {list(declared)}"
+                               + (" (height first)" if sparse else ""))
+        return value
+
+    def _local_ids(self, what: str, ids: np.ndarray, table: str) -> np.ndarray:
+        n, me = self.config.pservers, self.config.pserver_id
+        rows = self.program.global_block().var(table).shape[0]
+        if ids.size and (np.any(ids < 0) or np.any(ids % n != me) or np.any(ids // n >= rows)):
+            bad = ids[(ids < 0) | (ids % n != me) | (ids // n >= rows)][:5].tolist()
+            raise PServerError(Status.INVALID_ARGUMENT,
+                               f"{what}: ids {bad} are not in shard {me} of {n} of table {table!r} "
+                               f"(ids r with r % {n} == {me} and r // {n} < {rows})",
+                               hint="shard ids with split_ids before sending them")
+        return ids // n
+
+    def _local_rows(self, name: str, value: SelectedRows) -> SelectedRows:
+        param = self.config.sparse_grad_to_param[self._received[name].copy_of or name]
+        local = self._local_ids(f"send of {name!r}", np.asarray(value.rows), param)
+        return SelectedRows(local, value.values, self.program.global_block().var(param).shape[0])
+
+
+def checkpoint_dir(dirname: str, pserver_id: int) -> str:
+    """Where pserver ``pserver_id`` saves and loads its part of a checkpoint under ``dirname``."""
+    return os.path.join(dirname, f"pserver_{pserver_id}")
+
+
+class _WriteThrough(Scope):
+    """A request's scope: reads fall through; writes of the pserver's own variables go to it."""
+
+    def __init__(self, local: Scope, shared: Scope) -> None:
+        super().__init__(local)
+        self._shared = shared
+
+    def set_var(self, name: str, value: Any) -> None:
+        if self._shared.find_var(name) is not None:
+            self._shared.set_var(name, value)
+        else:
+            super().set_var(name, value)
+
+
+class _NoLock:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+_NO_LOCK = _NoLock()
+
+
+class _all:
+    """Hold every lock of ``locks`` (acquired in a fixed order)."""
+
+    def __init__(self, locks: Any) -> None:
+        self._locks = list(locks)
+
+    def __enter__(self) -> None:
+        for lock in self._locks:
+            lock.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        for lock in reversed(self._locks):
+            lock.release()

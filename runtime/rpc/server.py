@@ -1,0 +1,126 @@
+"""The gRPC face of a pserver: a ``flotilla.rpc.ParameterServer`` service over a ``PServer``.
+
+Every handler takes the raw request bytes (identity deserializer), decodes them itself and maps every
+problem to a status code, so a garbage request gets INVALID_ARGUMENT with a message instead of a
+generic INTERNAL, and the server keeps serving. Tensors go out as bytes already encoded by
+``runtime.rpc.wire`` (identity serializer): one copy of a parameter per response.
+
+Server options: message limits from the largest variable the program moves (at least 4 MiB),
+``grpc.so_reuseport`` off (binding a taken port fails instead of sharing it), no HTTP proxy, keepalive
+pings allowed every 10 s. The handler pool has room for a blocked barrier per trainer plus the sends and
+gets of every trainer, so blocking barriers cannot starve the calls that release them.
+"""
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Any, Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from runtime.rpc import send_recv_pb2 as pb
+from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
+from runtime.rpc.wire import WireError, decode_variable
+from runtime.scope import ExecutionError
+
+SERVICE = "flotilla.rpc.ParameterServer"
+MIN_MESSAGE = 4 << 20
+_REPLY = pb.Reply().SerializeToString()
+
+
+def grpc_options(max_message: int) -> list[tuple[str, Any]]:
+    """Channel and server options shared by both ends."""
+    size = max(MIN_MESSAGE, int(max_message))
+    return [("grpc.max_send_message_length", size), ("grpc.max_receive_message_length", size),
+            ("grpc.so_reuseport", 0), ("grpc.enable_http_proxy", 0),
+            ("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 20_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ("grpc.http2.max_pings_without_data", 0), ("grpc.keepalive_permit_without_calls", 1)]
+
+
+def _parse(message_cls: Any, raw: bytes) -> Any:
+    try:
+        return message_cls.FromString(raw)
+    except DecodeError as e:
+        raise WireError(f"the request does not decode as {message_cls.DESCRIPTOR.full_name}: {e}") from None
+
+
+class ParameterServerService:
+    """The handlers; each returns response bytes or aborts the call with a status and a message."""
+
+    def __init__(self, pserver: PServer) -> None:
+        self.pserver = pserver
+
+    def _guard(self, fn: Callable[[bytes], bytes]) -> Callable[[bytes, grpc.ServicerContext], bytes]:
+        def handler(raw: bytes, context: grpc.ServicerContext) -> bytes:
+            try:
+                return fn(raw)
+            except PServerError as e:
+                context.abort(getattr(grpc.StatusCode, e.status.value), str(e))
+            except WireError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            except Exception as e:  # noqa: BLE001 - a bug must not take the server down
+                context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+            raise AssertionError("unreachable: context.abort raises")
+
+        return handler
+
+    def send_variable(self, raw: bytes) -> bytes:
+        self.pserver.send(decode_variable(raw))
+        return _REPLY
+
+    def get_variable(self, raw: bytes) -> bytes:
+        req = _parse(pb.VariableRequest, raw)
+        return self.pserver.get(req.trainer_id, req.name)
+
+    def prefetch_variable(self, raw: bytes) -> bytes:
+        return self.pserver.prefetch(decode_variable(raw))
+
+    def barrier(self, raw: bytes) -> bytes:
+        req = _parse(pb.BarrierRequest, raw)
+        if req.kind not in (pb.SEND, pb.FETCH):
+            raise PServerError(Status.INVALID_ARGUMENT, f"unknown barrier kind {req.kind}; expected SEND or FETCH")
+        self.pserver.barrier(req.trainer_id, req.step, BarrierKind(req.kind))
+        return _REPLY
+
+    def complete(self, raw: bytes) -> bytes:
+        self.pserver.complete(_parse(pb.CompleteRequest, raw).trainer_id)
+        return _REPLY
+
+    def checkpoint_notify(self, raw: bytes) -> bytes:
+        req = _parse(pb.CheckpointRequest, raw)
+        self.pserver.checkpoint(req.trainer_id, req.dirname)
+        return _REPLY
+
+    def health(self, raw: bytes) -> bytes:
+        _parse(pb.HealthRequest, raw)
+        h = self.pserver.health()
+        return pb.HealthReply(status=pb.HealthReply.SERVING if h["serving"] else pb.HealthReply.NOT_SERVING,
+                              endpoint=h["endpoint"], pserver_id=h["pserver_id"], sync_mode=h["sync_mode"],
+                              step=h["step"], live_trainers=h["live_trainers"]).SerializeToString()
+
+    def generic_handler(self) -> grpc.GenericRpcHandler:
+        methods = {"SendVariable": self.send_variable, "GetVariable": self.get_variable,
+                   "PrefetchVariable": self.prefetch_variable, "Barrier": self.barrier, "Complete": self.complete,
+                   "CheckpointNotify": self.checkpoint_notify, "Health": self.health}
+        return grpc.method_handlers_generic_handler(
+            SERVICE, {name: grpc.unary_unary_rpc_method_handler(self._guard(fn)) for name, fn in methods.items()})
+
+
+def start_server(pserver: PServer, endpoint: str, max_message: int) -> grpc.Server:
+    """Bind ``endpoint`` and start serving ``pserver``; raises ExecutionError if the port cannot be bound."""
+    workers = 16 + 4 * pserver.config.trainers
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pserver"),
+                         options=grpc_options(max_message))
+    server.add_generic_rpc_handlers((ParameterServerService(pserver).generic_handler(),))
+    try:
+        port = server.add_insecure_port(endpoint)
+    except RuntimeError as e:
+        port, detail = 0, str(e)
+    else:
+        detail = "the port is taken or the address is not local"
+    if port == 0:
+        raise ExecutionError(f"pserver cannot bind {endpoint}: {detail}",
+                             hint="pick a free port (flotilla launch does) and an address of this machine")
+    server.start()
+    return server

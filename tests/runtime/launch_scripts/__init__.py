@@ -1,0 +1,1 @@
+"""Tiny training scripts the launcher tests start as real processes."""

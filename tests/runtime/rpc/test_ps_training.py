@@ -1,0 +1,228 @@
+"""End to end: pservers and trainers as separate processes talking gRPC on 127.0.0.1.
+
+Sync training on 2 pservers x 2 trainers must give the parameters of single-process training on the
+union of the trainers' batches from the same initial values (float64 models: rtol 1e-9, atol 1e-12 —
+the orders of summation differ); uneven data finishes; a dead trainer or pserver makes the others
+fail with an error naming it, within the configured timeout; a checkpointed and restarted job continues
+bit-identically. Every process is started here and killed by pid on teardown; every wait is bounded.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.runtime.rpc import ps_worker
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+WAIT = 90.0
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Cluster:
+    """Pserver and trainer processes of ``tests.runtime.rpc.ps_worker`` with Paddle's environment."""
+
+    def __init__(self, tmp: pathlib.Path, pservers: int, trainers: int, args: list[str],
+                 env: dict[str, str] | None = None, trainer_args: dict[int, list[str]] | None = None) -> None:
+        self.out = tmp
+        self.endpoints = [f"127.0.0.1:{p}" for p in free_ports(pservers)]
+        base = {**os.environ, "PYTHONPATH": str(REPO), "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(self.endpoints),
+                "PADDLE_TRAINERS_NUM": str(trainers), "FLAGS_rpc_deadline": "60000", **(env or {})}
+        cmd = [sys.executable, "-m", "tests.runtime.rpc.ps_worker", "--out", str(tmp), *args]
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        for i, ep in enumerate(self.endpoints):
+            self._start(f"pserver.{i}", cmd, {**base, "TRAINING_ROLE": "PSERVER", "PADDLE_CURRENT_ENDPOINT": ep,
+                                              "PADDLE_TRAINER_ID": "0"})
+        for t in range(trainers):
+            self._start(f"trainer.{t}", cmd + (trainer_args or {}).get(t, []),
+                        {**base, "TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(t)})
+
+    def _start(self, tag: str, cmd: list[str], env: dict[str, str]) -> None:
+        log = open(self.out / f"{tag}.log", "w")
+        self.procs[tag] = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        log.close()
+
+    def log(self, tag: str) -> str:
+        return (self.out / f"{tag}.log").read_text()
+
+    def wait(self, timeout: float = WAIT, fail_fast: bool = False) -> dict[str, int]:
+        """Exit codes of every process; with ``fail_fast`` the first failure kills the rest and fails."""
+        end = time.monotonic() + timeout
+        while any(p.poll() is None for p in self.procs.values()):
+            failed = [tag for tag, p in self.procs.items() if p.poll() not in (None, 0)]
+            if fail_fast and failed:
+                self.kill()
+                pytest.fail(f"{failed} failed; logs:\n" + self.logs())
+            if time.monotonic() > end:
+                self.kill()
+                pytest.fail(f"the job did not finish within {timeout}s; logs:\n" + self.logs())
+            time.sleep(0.05)
+        return {tag: p.returncode for tag, p in self.procs.items()}
+
+    def wait_for(self, path: pathlib.Path, timeout: float = WAIT) -> None:
+        end = time.monotonic() + timeout
+        while not path.exists():
+            if time.monotonic() > end or any(p.poll() not in (None, 0) for p in self.procs.values()):
+                self.kill()
+                pytest.fail(f"{path.name} did not appear; logs:\n" + self.logs())
+            time.sleep(0.1)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {tag}\n{self.log(tag)[-3000:]}" for tag in self.procs)
+
+    def kill(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+@pytest.fixture
+def clusters() -> Any:
+    made: list[Cluster] = []
+    yield made
+    for c in made:
+        c.kill()
+
+
+def run_ok(clusters: list[Cluster], tmp: pathlib.Path, pservers: int, trainers: int, args: list[str],
+           **kw: Any) -> Cluster:
+    c = Cluster(tmp, pservers, trainers, args, **kw)
+    clusters.append(c)
+    codes = c.wait(fail_fast=True)
+    assert all(code == 0 for code in codes.values()), f"exit codes {codes}; logs:\n{c.logs()}"
+    return c
+
+
+def local_reference(model: str, opt: str, lr: str, init: dict[str, np.ndarray], trainers: int,
+                    steps: range) -> dict[str, np.ndarray]:
+    """Single-process training on the union of the trainers' batches, from ``init``."""
+    import runtime
+
+    main, startup = ps_worker.build(model, opt, lr)
+    exe, scope = runtime.Executor(), runtime.Scope()
+    exe.run(startup, scope=scope)
+    for name, value in init.items():
+        scope.set_var(name, value)
+    for step in steps:
+        feeds = [ps_worker.batch(model, t, step) for t in range(trainers)]
+        exe.run(main, feed={k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}, scope=scope)
+    return {n: scope.numpy(n) for n in init}
+
+
+def gather_table(out: pathlib.Path, pservers: int, suffix: str) -> np.ndarray:
+    """The whole table from the pservers' shards (shard i holds global row r at local row r // n)."""
+    shards = [np.load(out / f"pserver_{i}{suffix}.npz")["table"] for i in range(pservers)]
+    table = np.zeros((ps_worker.TABLE_ROWS, ps_worker.EMB))
+    for i, shard in enumerate(shards):
+        rows = np.arange(i, ps_worker.TABLE_ROWS, pservers)
+        table[rows] = shard[rows // pservers]
+    return table
+
+
+def trained(out: pathlib.Path, model: str, pservers: int, suffix: str = "") -> dict[str, np.ndarray]:
+    params = dict(np.load(out / f"trainer_0{suffix}.npz"))
+    if model == "table":
+        params["table"] = gather_table(out, pservers, "_init" if suffix == "_init" else "")
+    return params
+
+
+@pytest.mark.parametrize("model,opt,lr", [
+    ("fc", "sgd", "const"), ("fc", "momentum", "const"), ("fc", "adam", "const"), ("fc", "sgd", "exp"),
+    ("table", "sgd", "const"), ("table", "adam", "exp"),
+])
+def test_sync_training_matches_local(tmp_path: pathlib.Path, clusters: list[Cluster], model: str, opt: str,
+                                     lr: str) -> None:
+    steps = 10
+    run_ok(clusters, tmp_path, 2, 2, ["--model", model, "--opt", opt, "--lr", lr, "--steps", str(steps)])
+    init, final = trained(tmp_path, model, 2, "_init"), trained(tmp_path, model, 2)
+    other = dict(np.load(tmp_path / "trainer_1.npz"))
+    for name in other:
+        np.testing.assert_array_equal(other[name], final[name], err_msg=f"trainers disagree on {name}")
+    expected = local_reference(model, opt, lr, init, 2, range(steps))
+    for name, value in expected.items():
+        assert not np.allclose(value, init[name]), f"{name} did not train"
+        np.testing.assert_allclose(final[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_async_training_moves_every_parameter(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
+    run_ok(clusters, tmp_path, 2, 2, ["--model", "table", "--async", "--steps", "10"])
+    init, final = trained(tmp_path, "table", 2, "_init"), trained(tmp_path, "table", 2)
+    for name in init:
+        assert np.all(np.isfinite(final[name])) and not np.allclose(final[name], init[name]), name
+
+
+def test_uneven_data_finishes(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
+    run_ok(clusters, tmp_path, 2, 3, ["--steps", "10"],
+           trainer_args={1: ["--steps", "20"], 2: ["--steps", "30"]})
+    assert "every trainer completed after 30 updates" in clusters[0].log("pserver.0")
+
+
+def test_dead_trainer_fails_the_pservers_naming_it(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
+    c = Cluster(tmp_path, 2, 2, ["--steps", "10"], env={"FLAGS_pserver_timeout_ms": "2000"},
+                trainer_args={1: ["--die-at", "3"]})
+    clusters.append(c)
+    start = time.monotonic()
+    codes = c.wait(timeout=60)
+    assert codes["trainer.1"] == -signal.SIGKILL
+    assert codes["pserver.0"] != 0 and codes["pserver.1"] != 0 and codes["trainer.0"] != 0, c.logs()
+    assert time.monotonic() - start < 45
+    for tag in ("pserver.0", "pserver.1"):
+        assert "trainer(s) [1]" in c.log(tag) and "step 3" in c.log(tag), c.log(tag)
+    assert "trainer(s) [1]" in c.log("trainer.0"), c.log("trainer.0")
+
+
+def test_dead_pserver_fails_the_trainers_naming_it(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
+    c = Cluster(tmp_path, 2, 2, ["--steps", "200", "--sleep", "0.05"], env={"FLAGS_rpc_deadline": "3000"})
+    clusters.append(c)
+    end = time.monotonic() + WAIT
+    while "step 2" not in c.log("trainer.0") and time.monotonic() < end:
+        time.sleep(0.1)
+    victim = c.procs["pserver.1"]
+    victim.kill()
+    victim.wait(timeout=10)
+    killed_at = time.monotonic()
+    for tag in ("trainer.0", "trainer.1"):
+        code = c.procs[tag].wait(timeout=30)
+        assert code != 0
+        assert c.endpoints[1] in c.log(tag), c.log(tag)
+    assert time.monotonic() - killed_at < 15
+
+
+def test_checkpoint_restart_is_bit_identical(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
+    args = ["--model", "table", "--opt", "adam", "--lr", "exp"]
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    run_ok(clusters, whole, 2, 2, args + ["--steps", "20"])
+
+    first, ckpt = tmp_path / "first", tmp_path / "ckpt"
+    first.mkdir()
+    c = Cluster(first, 2, 2, args + ["--steps", "10", "--save-at", "10", "--ckpt", str(ckpt), "--hold"])
+    clusters.append(c)
+    c.wait_for(first / "saved")
+    c.kill()
+    assert sorted(os.listdir(ckpt)) == ["pserver_0", "pserver_1"]  # the trainer holds no state of its own
+
+    second = tmp_path / "second"
+    second.mkdir()
+    run_ok(clusters, second, 2, 2, args + ["--first-step", "10", "--steps", "10", "--load", str(ckpt)])
+    expected, got = trained(whole, "table", 2), trained(second, "table", 2)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
