@@ -12,6 +12,8 @@ jax.config.update("jax_enable_x64", True)
 from runtime import kernels  # noqa: E402,F401  (registers every kernel)
 from runtime.executor import Executor  # noqa: E402
 from runtime.place import CPUPlace, CUDAPlace  # noqa: E402
+from runtime.role import LaunchError, Role, role_from_env  # noqa: E402
 from runtime.scope import ExecutionError, Scope, SelectedRows, global_scope  # noqa: E402
 
-__all__ = ["CPUPlace", "CUDAPlace", "ExecutionError", "Executor", "Scope", "SelectedRows", "global_scope"]
+__all__ = ["CPUPlace", "CUDAPlace", "ExecutionError", "Executor", "LaunchError", "Role", "Scope", "SelectedRows",
+           "global_scope", "role_from_env"]

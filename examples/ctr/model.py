@@ -9,8 +9,11 @@ Inputs: ``dense_input`` float32 [N, 13], ``sparse_input`` int64 [N, 26] (one has
   (``sequence_pool`` sum);
 - predict = fc([deep, wide], 2, softmax); loss = mean(cross_entropy); ``auc`` over predict.
 
-``is_distributed=True`` marks both tables as distributed lookup tables (the pserver transpiler keeps
-them on the pservers). The programs are built under a fresh unique-name generator, so the names are the
+``is_distributed=True`` makes the deep table a distributed lookup table: the pserver transpiler keeps it
+on the pservers, sharded by row, and the trainer prefetches the rows a batch needs (``split_ids →
+prefetch → merge_ids``) instead of holding the table. The transpiler supports one distributed table a
+program, so the wide table stays a normal sparse parameter (sliced over the pservers and received whole
+by the trainer). The programs are built under a fresh unique-name generator, so the names are the
 same in every build; ``test`` is the forward-only clone taken before backward and optimizer ops.
 """
 from __future__ import annotations
@@ -75,7 +78,7 @@ def build_model(hash_dim: int, embedding_dim: int = 16, hidden: Sequence[int] = 
             deep = layers.fc(deep, width, act="relu")
 
         wide_emb = layers.embedding(
-            sparse, size=[hash_dim, 1], is_sparse=True, is_distributed=is_distributed,
+            sparse, size=[hash_dim, 1], is_sparse=True,
             param_attr=ir.ParamAttr(name="wide_embedding", initializer=Uniform(-0.05, 0.05)))
         wide = layers.sequence_pool(wide_emb, "sum")
 

@@ -6,7 +6,8 @@ Network kernels talk through the executor's ``RPCClient`` for the op's ``trainer
 the host because their output sizes depend on the data (ids, rows).
 
 Distributed lookup tables shard ids by ``id % n`` over the ``n`` pservers: ``split_ids`` de-duplicates
-and sorts the ids (or buckets a selected-rows gradient's rows, keeping global ids and the height),
+and sorts the ids (or buckets a selected-rows gradient's rows, keeping global ids and the height; like
+``split_selected_rows`` it first merges duplicate rows, so only touched rows travel, each once),
 ``prefetch`` asks each pserver for its shard's rows, ``merge_ids`` puts them back in the ids' order.
 """
 from __future__ import annotations
@@ -100,7 +101,7 @@ def split_selected_rows(ctx: Any, op: Operator) -> None:
     x = _value(ctx, op.input("X")[0], op)
     if not isinstance(x, SelectedRows):
         raise ExecutionError(f"split_selected_rows: X {op.input('X')[0]!r} is dense; expected selected rows")
-    rows, values = np.asarray(x.rows), np.asarray(x.values)
+    rows, values = merge_duplicate_rows(np.asarray(x.rows), np.asarray(x.values))
     start = 0
     for name, height in zip(op.output("Out"), op.attr("height_sections")):
         mask = (rows >= start) & (rows < start + height)
@@ -114,7 +115,7 @@ def split_ids(ctx: Any, op: Operator) -> None:
     n = len(outs)
     first = _value(ctx, op.input("Ids")[0], op)
     if isinstance(first, SelectedRows):
-        rows, values = np.asarray(first.rows), np.asarray(first.values)
+        rows, values = merge_duplicate_rows(np.asarray(first.rows), np.asarray(first.values))
         shard = rows % n
         for i, name in enumerate(outs):
             mask = shard == i
@@ -123,6 +124,17 @@ def split_ids(ctx: Any, op: Operator) -> None:
     ids = np.unique(np.concatenate([_ids(_value(ctx, name, op)) for name in op.input("Ids")]))
     for i, name in enumerate(outs):
         ctx.scope.set_var(name, ids[ids % n == i].reshape(-1, 1))
+
+
+def merge_duplicate_rows(rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique rows and the summed values of each: only touched rows travel, each once."""
+    unique, inverse = np.unique(rows, return_inverse=True)
+    if len(unique) == len(rows):
+        order = np.argsort(rows, kind="stable")
+        return rows[order], values[order]
+    merged = np.zeros((len(unique),) + values.shape[1:], values.dtype)
+    np.add.at(merged, inverse.reshape(-1), values)
+    return unique, merged
 
 
 @host_kernel("merge_ids")

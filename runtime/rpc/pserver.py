@@ -26,6 +26,8 @@ Invariants:
 - No wait is unbounded: a sync step whose barrier is partly in for longer than ``barrier_timeout``
   seconds (or, in async mode, a live trainer silent that long) fails the pserver with an error naming
   the missing trainers and the step; every blocked call then returns ABORTED with that message.
+- Received selected rows are padded to a power-of-two row count with rows ``height`` (zero values),
+  which every sparse kernel drops: the optimize blocks compile for a few row counts, not every step.
 - Distributed lookup table shards hold the global rows ``r`` with ``r % pservers == pserver_id`` at local
   row ``r // pservers``: received sparse table gradients and prefetched ids are mapped to local rows here.
 """
@@ -198,6 +200,8 @@ class PServer:
         value = self._checked_value(name, var, msg.value)
         if name in self._table_grads:
             value = self._local_rows(name, value)
+        if isinstance(value, SelectedRows):
+            value = _pad_rows(value)
         key = (t, name)
         with self._cv:
             self._check_running()
@@ -225,12 +229,13 @@ class PServer:
             with self._cv:
                 self._check_running()
                 value = self._value_of(name)
-        else:
-            with self._writer_lock.get(name) or _NO_LOCK:
-                value = self._value_of(name)
-                if self.config.dc_asgd:
-                    self.scope.set_var(dc_asgd_backup_name(name, trainer_id), value)
-        return encode_variable(name, value)
+            return encode_variable(name, value)
+        # Async: the next update of this variable donates its buffer, so encode (copy) under its lock.
+        with self._writer_lock.get(name) or _NO_LOCK:
+            value = self._value_of(name)
+            if self.config.dc_asgd:
+                self.scope.set_var(dc_asgd_backup_name(name, trainer_id), value)
+            return encode_variable(name, value)
 
     def _value_of(self, name: str) -> Any:
         value = self.scope.find_var(name)
@@ -362,7 +367,10 @@ class PServer:
                     f"pserver {self.config.endpoint}: step {st.step} waited {self.barrier_timeout:g}s for the "
                     f"{phase} barrier of trainer(s) {missing}; giving up",
                     hint="a trainer died or hangs; see its log (FLAGS_pserver_timeout_ms sets this limit)"))
-            return
+                return
+            if st.started_at is not None:
+                return
+        # Async mode, or a sync step no trainer has reached a barrier of: trainers that went silent.
         silent = sorted(t for t in self._live if now - self._last_seen[t] > self.barrier_timeout)
         if silent:
             self.fail(PServerError(
@@ -517,3 +525,16 @@ class _all:
     def __exit__(self, *exc: Any) -> None:
         for lock in reversed(self._locks):
             lock.release()
+
+
+def _pad_rows(value: SelectedRows) -> SelectedRows:
+    """``value`` with its rows padded to a power of two by rows ``height`` with zero values, which every
+    sparse kernel ignores: the compiled optimize blocks then see a few row counts, not one per step."""
+    n = len(value.rows)
+    size = 1 << (n - 1).bit_length() if n else 0
+    if size == n:
+        return value
+    rows = np.concatenate([np.asarray(value.rows), np.full(size - n, value.height, np.int64)])
+    values = np.asarray(value.values)
+    values = np.concatenate([values, np.zeros((size - n,) + values.shape[1:], values.dtype)])
+    return SelectedRows(rows, values, value.height)

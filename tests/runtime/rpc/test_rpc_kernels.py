@@ -49,7 +49,13 @@ def test_split_byref_without_sections_is_rejected() -> None:
 
 
 # --- split_selected_rows -----------------------------------------------------------------------------------------
-def test_split_selected_rows_makes_rows_section_relative() -> None:
+def _dense(rows: np.ndarray, values: np.ndarray, height: int) -> np.ndarray:
+    out = np.zeros((height,) + values.shape[1:], values.dtype)
+    np.add.at(out, rows, values)
+    return out
+
+
+def test_split_selected_rows_makes_rows_section_relative_and_merges_duplicates() -> None:
     rows = np.array([7, 0, 3, 4, 9, 3], np.int64)
     values = RNG.normal(size=(6, 2)).astype(np.float32)
     outs = _run("split_selected_rows", {"X": [Sparse(rows, values, 10)]}, {"Out": 3},
@@ -57,10 +63,10 @@ def test_split_selected_rows_makes_rows_section_relative() -> None:
     starts = [0, 4, 7]
     for out, start, height in zip(outs, starts, [4, 3, 3], strict=True):
         mask = (rows >= start) & (rows < start + height)
-        np.testing.assert_array_equal(_rows(out), rows[mask] - start)
-        np.testing.assert_array_equal(np.asarray(out.values), values[mask])
+        np.testing.assert_allclose(_dense(_rows(out), np.asarray(out.values), height),
+                                   _dense(rows[mask] - start, values[mask], height), rtol=1e-6)
         assert out.height == height
-    assert [_rows(o).tolist() for o in outs] == [[0, 3, 3], [0], [0, 2]]
+    assert [_rows(o).tolist() for o in outs] == [[0, 3], [0], [0, 2]]  # row 3 sent once, summed
 
 
 def test_split_selected_rows_section_without_rows_is_empty() -> None:
@@ -103,10 +109,10 @@ def test_split_ids_selected_rows_buckets_rows_keeping_global_ids_and_height() ->
     outs = _run("split_ids", {"Ids": [Sparse(rows, values, 12)]}, {"Out": 3})["Out"]
     for i, out in enumerate(outs):
         mask = rows % 3 == i
-        np.testing.assert_array_equal(_rows(out), rows[mask])
-        np.testing.assert_array_equal(np.asarray(out.values), values[mask])
+        np.testing.assert_allclose(_dense(_rows(out), np.asarray(out.values), 12),
+                                   _dense(rows[mask], values[mask], 12), rtol=1e-6)
         assert out.height == 12
-    assert [_rows(o).tolist() for o in outs] == [[3], [], [5, 2, 8, 5]]
+    assert [_rows(o).tolist() for o in outs] == [[3], [], [2, 5, 8]]  # merged: row 5 sent once
 
 
 # --- merge_ids ---------------------------------------------------------------------------------------------------

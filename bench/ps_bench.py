@@ -1,0 +1,447 @@
+"""Parameter-server benchmark: transport throughput, CTR training speed and bytes on the wire, all
+measured in one run on 127.0.0.1 against baselines measured in the same run.
+
+(a) Transport. A raw loopback TCP baseline (a sink process; requests of N bytes read with ``recv_into``
+    into one reused buffer, answered with one byte; replies of N bytes received the same way) against
+    gRPC ``SendVariable`` (``RPCClient.send`` + ``wait_sends``: encoding included) and ``GetVariable``
+    (``RPCClient.get``: decoding included) of float32 tensors of ``--sizes-mib`` to a real pserver (a
+    transpiled program holding one parameter of each size, sync mode, one trainer: a send is stored, a
+    get answers at once). Each figure is the median of ``--reps`` timed transfers after one warm-up; the
+    ratio gRPC / raw TCP is for the same direction (target >= 0.5).
+(b) Examples/s of the CTR reference job (``bench/ps_bench_worker.py``: 26 int64 slots sharing ONE
+    1,000,000 x 16 table, 13 dense features, fc 400-400-400 relu, fc 2 softmax, mean cross entropy, SGD
+    0.01, batch 512, synthetic data whose labels follow a fixed random linear rule): single-process
+    training (table not distributed) as the baseline, then 1 pserver x 2 trainers and 2 x 2, sync and
+    async, with the table distributed, every role its own process. Each trainer times ``--steps`` steps
+    after ``--warmup``; per trainer is the mean of the trainers' own rates, total is all timed examples
+    over the union of the trainers' windows; ratios are to the single-process run. A widely used PS
+    reaches about 9,500 examples/s per trainer on this job on this 2-core machine (async, 1 x 2).
+(c) Bytes on the wire per trainer step (every gRPC request plus its reply, counted in the trainer,
+    HTTP/2 framing excluded) against the theoretical minimum: every dense gradient sent and every dense
+    parameter received once, plus for the table the unique ids of the step (8 bytes each) and their rows
+    (64 bytes) prefetched, and one gradient row (64 bytes + an 8-byte row id) per unique id. The sparse
+    line compares the gradient rows sent with the unique ids: sending only touched rows gives 1.00.
+
+Every process is started here and only those are killed (on failure, timeout or exit); every wait is
+bounded (``--job-timeout``; the children's ``FLAGS_rpc_deadline`` and ``FLAGS_pserver_timeout_ms``).
+``python bench/ps_bench.py [--quick] [--steps N] [--warmup N] [--sizes-mib 4,64] [--reps R] [--json PATH]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from ir.errors import FlotillaError  # noqa: E402
+
+WORKER = pathlib.Path(__file__).resolve().with_name("ps_bench_worker.py")
+REPO = WORKER.parents[1]
+HEADER_FMT = "<cQ"
+REFERENCE_PER_TRAINER = 9_500.0
+TRANSPORT_TARGET = 0.5
+GB = 1e9
+EMB_ROW_BYTES = 16 * 4
+ID_BYTES = 8
+
+
+class BenchError(FlotillaError):
+    """A benchmark process failed or did not finish in time."""
+
+    code = "E791"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- processes ------------------------------------------------------------------------------------------
+@dataclass
+class Procs:
+    """The processes this run started, their logs, and a bounded wait for them."""
+
+    tmp: pathlib.Path
+    env: dict[str, str]
+    running: list[tuple[str, subprocess.Popen[bytes], pathlib.Path]] = field(default_factory=list)
+
+    def start(self, tag: str, role: str, *argv: str) -> subprocess.Popen[bytes]:
+        log = self.tmp / f"{tag}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, str(WORKER), role, *argv], stdout=out, stderr=subprocess.STDOUT,
+                                    env=self.env, cwd=str(REPO))
+        self.running.append((tag, proc, log))
+        return proc
+
+    def wait_all(self, timeout: float) -> None:
+        """Wait for every started process; raise BenchError naming the first that failed or hung."""
+        end = time.monotonic() + timeout
+        try:
+            while True:
+                pending = []
+                for tag, proc, log in self.running:
+                    rc = proc.poll()
+                    if rc is None:
+                        pending.append((tag, log))
+                    elif rc != 0:
+                        raise BenchError(f"{tag} exited {rc}; its log ends:\n{_tail(log)}")
+                if not pending:
+                    return
+                if time.monotonic() > end:
+                    tags = ", ".join(tag for tag, _ in pending)
+                    raise BenchError(f"{tags} did not finish within {timeout:g}s; the log of {pending[0][0]} ends:\n"
+                                     f"{_tail(pending[0][1])}",
+                                     hint="raise --job-timeout, or look for a hang in the runtime")
+                time.sleep(0.05)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """Kill every process this object started that still runs (by its own Popen handle)."""
+        for _, proc, _ in self.running:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.running.clear()
+
+
+def _tail(log: pathlib.Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(no log: {e})"
+
+
+def _wait_file(path: pathlib.Path, proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if path.exists() and path.stat().st_size:
+            return json.loads(path.read_text())
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    raise BenchError(f"{path.name} did not appear within {timeout:g}s (process exit code {proc.poll()})")
+
+
+# --- (a) transport --------------------------------------------------------------------------------------
+class TcpClient:
+    """The raw TCP baseline's client: ``send(n)`` sends ``n`` bytes and waits for the one-byte answer;
+    ``get(n)`` asks for ``n`` bytes and receives them into the same reused buffer."""
+
+    def __init__(self, port: int, max_bytes: int) -> None:
+        self.header = struct.Struct(HEADER_FMT)
+        self.conn = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = memoryview(bytearray(np.random.default_rng(0).bytes(max_bytes)))
+        self.ack = memoryview(bytearray(1))
+
+    def _recv_exact(self, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            n = self.conn.recv_into(view[got:])
+            if n == 0:
+                raise BenchError("the tcp sink closed the connection")
+            got += n
+
+    def send(self, n: int) -> None:
+        self.conn.sendall(self.header.pack(b"S", n))
+        self.conn.sendall(self.buf[:n])
+        self._recv_exact(self.ack)
+
+    def get(self, n: int) -> None:
+        self.conn.sendall(self.header.pack(b"G", n))
+        self._recv_exact(self.buf[:n])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def bench_transport(procs: Procs, sizes_mib: list[int], reps: int) -> tuple[dict[int, dict[str, float]],
+                                                                           dict[int, dict[str, float]]]:
+    """(raw TCP, gRPC) GB/s by size and direction. Both servers run at once and the four transfers of a
+    size take turns within every repetition, so load from other processes falls on them alike."""
+    from bench.ps_bench_worker import transport_names
+    from runtime.rpc.client import RPCClient
+
+    port_file = procs.tmp / "tcp_port.json"
+    sink = procs.start("tcp-sink", "tcp-sink", "--out", str(port_file), "--buffer-mib", str(max(sizes_mib)),
+                       "--timeout", "120")
+    endpoint = f"127.0.0.1:{free_port()}"
+    names = transport_names(sizes_mib)
+    procs.start("transport-pserver", "transport-pserver", "--endpoint", endpoint,
+                "--sizes-mib", ",".join(map(str, sizes_mib)))
+    tcp_client = TcpClient(_wait_file(port_file, sink, 60.0)["port"], max(sizes_mib) << 20)
+    client = RPCClient(0, deadline=120.0)
+    tcp: dict[int, dict[str, float]] = {}
+    grpc_: dict[int, dict[str, float]] = {}
+    try:
+        client.wait_ready([endpoint])
+        rng = np.random.default_rng(0)
+        for mib in sizes_mib:
+            grad, param, shape = names[mib]
+            value = rng.random(shape, dtype=np.float32)
+            n = value.nbytes
+            got: list[Any] = []
+
+            def grpc_send() -> None:
+                client.send(endpoint, grad, value)
+                client.wait_sends()
+
+            def grpc_get() -> None:
+                got[:] = client.get([(endpoint, param)])
+
+            ways: dict[str, Callable[[], None]] = {
+                "tcp send": lambda: tcp_client.send(n), "grpc send": grpc_send,
+                "tcp get": lambda: tcp_client.get(n), "grpc get": grpc_get}
+            samples: dict[str, list[float]] = {k: [] for k in ways}
+            for rep in range(reps + 1):  # the first round warms up
+                for key, fn in ways.items():
+                    start = time.perf_counter()
+                    fn()
+                    if rep:
+                        samples[key].append(time.perf_counter() - start)
+            if np.asarray(got[0]).nbytes != n:
+                raise BenchError(f"GetVariable of {param!r} returned {np.asarray(got[0]).nbytes} bytes, expected {n}")
+            rate = {k: n / statistics.median(v) / GB for k, v in samples.items()}
+            tcp[mib] = {"send": rate["tcp send"], "get": rate["tcp get"]}
+            grpc_[mib] = {"send": rate["grpc send"], "get": rate["grpc get"]}
+    finally:
+        tcp_client.close()
+        client.close()
+    procs.wait_all(60.0)
+    return tcp, grpc_
+
+
+# --- (b), (c) the CTR job -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Job:
+    name: str
+    pservers: int  # 0: single-process training
+    trainers: int
+    mode: str
+
+
+def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathlib.Path) -> dict[str, Any]:
+    """Run one job in its own processes; the trainers' JSON results, combined."""
+    jobdir = tmp / job.name.replace(" ", "_")
+    jobdir.mkdir()
+    procs = Procs(jobdir, env)
+    common = ["--table-rows", str(args.table_rows), "--batch-size", str(args.batch_size), "--warmup",
+              str(args.warmup), "--steps", str(args.steps), "--id-dist", args.id_dist]
+    outs = []
+    try:
+        if job.pservers == 0:
+            outs.append(jobdir / "local.json")
+            procs.start("local", "local", "--out", str(outs[0]), *common)
+        else:
+            eps = [f"127.0.0.1:{free_port()}" for _ in range(job.pservers)]
+            dist = ["--endpoints", ",".join(eps), "--trainers", str(job.trainers), "--mode", job.mode]
+            for i, ep in enumerate(eps):
+                procs.start(f"pserver{i}", "pserver", "--endpoint", ep, *dist, *common)
+            for t in range(job.trainers):
+                outs.append(jobdir / f"trainer{t}.json")
+                procs.start(f"trainer{t}", "trainer", "--trainer-id", str(t), "--out", str(outs[-1]), *dist, *common)
+        procs.wait_all(args.job_timeout)
+    finally:
+        procs.kill()
+    results = [json.loads(p.read_text()) for p in outs]
+    return summarise(job, results)
+
+
+def summarise(job: Job, results: list[dict[str, Any]]) -> dict[str, Any]:
+    examples = sum(r["examples"] for r in results)
+    window = max(r["end"] for r in results) - min(r["start"] for r in results)
+    steps = sum(r["steps"] for r in results)
+    row: dict[str, Any] = {
+        "job": job.name, "pservers": job.pservers, "trainers": job.trainers, "mode": job.mode,
+        "per_trainer": statistics.mean(r["examples_per_s"] for r in results), "total": examples / window,
+        "loss_first": statistics.mean(float(np.mean(r["losses"][:5])) for r in results),
+        "loss_last": statistics.mean(float(np.mean(r["losses"][-5:])) for r in results),
+    }
+    if job.pservers:
+        by_method: dict[str, float] = {}
+        for r in results:
+            for method, nbytes in r["wire"]["bytes"].items():
+                by_method[method] = by_method.get(method, 0.0) + nbytes / steps
+        unique = statistics.mean(r["unique_ids_per_step"] for r in results)
+        dense = results[0]["dense_param_bytes"]
+        table_min = unique * (ID_BYTES + EMB_ROW_BYTES) * 2
+        row["wire"] = {
+            "bytes_per_step": sum(by_method.values()), "by_method": by_method, "min_bytes_per_step": 2 * dense + table_min,
+            "dense_min": 2 * dense, "table_min": table_min, "unique_ids_per_step": unique,
+            "ids_per_step": results[0]["ids_per_step"],
+            "sparse_rows_per_step": sum(r["wire"]["sparse_rows"] for r in results) / steps,
+            "sparse_bytes_per_step": sum(r["wire"]["sparse_bytes"] for r in results) / steps,
+            "sparse_min_per_step": unique * (ID_BYTES + EMB_ROW_BYTES),
+        }
+    return row
+
+
+# --- report -----------------------------------------------------------------------------------------------
+def print_transport(tcp: dict[int, dict[str, float]], grpc_: dict[int, dict[str, float]]) -> None:
+    print()
+    print("(a) transport, GB/s (1e9 bytes/s), median")
+    print(f"{'size':>7} {'dir':>5} {'raw TCP':>9} {'gRPC':>8} {'gRPC/TCP':>9}")
+    for mib in tcp:
+        for d, label in (("send", "Send"), ("get", "Get")):
+            ratio = grpc_[mib][d] / tcp[mib][d]
+            print(f"{mib:>4}MiB {label:>5} {tcp[mib][d]:9.2f} {grpc_[mib][d]:8.2f} {ratio:9.2f}"
+                  f"{'' if ratio >= TRANSPORT_TARGET else '  < target'}")
+
+
+def print_jobs(rows: list[dict[str, Any]], local: float) -> None:
+    print()
+    print(f"(b) CTR job, examples/s (reference: a widely used PS, async 1x2, ~{REFERENCE_PER_TRAINER:,.0f} per trainer)")
+    print(f"{'job':<16} {'per trainer':>12} {'total':>9} {'total/local':>12} {'per tr./ref':>12} {'loss first->last':>18}")
+    for r in rows:
+        print(f"{r['job']:<16} {r['per_trainer']:12,.0f} {r['total']:9,.0f} {r['total'] / local:12.2f} "
+              f"{r['per_trainer'] / REFERENCE_PER_TRAINER:12.2f} {r['loss_first']:8.4f} -> {r['loss_last']:.4f}")
+    print()
+    print("(c) bytes on the wire per trainer step (requests + replies), KB = 1e3 bytes")
+    print(f"{'job':<16} {'send':>8} {'get':>8} {'prefetch':>9} {'other':>6} {'total':>8} {'minimum':>8} "
+          f"{'tot/min':>8} {'grad rows':>10} {'unique':>7} {'rows/uniq':>10} {'sparse/min':>11}")
+    for r in rows:
+        w = r.get("wire")
+        if not w:
+            continue
+        m = w["by_method"]
+        other = w["bytes_per_step"] - m.get("SendVariable", 0) - m.get("GetVariable", 0) - m.get("PrefetchVariable", 0)
+        print(f"{r['job']:<16} {m.get('SendVariable', 0) / 1e3:8.0f} {m.get('GetVariable', 0) / 1e3:8.0f} "
+              f"{m.get('PrefetchVariable', 0) / 1e3:9.0f} {other / 1e3:6.1f} {w['bytes_per_step'] / 1e3:8.0f} "
+              f"{w['min_bytes_per_step'] / 1e3:8.0f} {w['bytes_per_step'] / w['min_bytes_per_step']:8.2f} "
+              f"{w['sparse_rows_per_step']:10.0f} {w['unique_ids_per_step']:7.0f} "
+              f"{w['sparse_rows_per_step'] / w['unique_ids_per_step']:10.2f} "
+              f"{w['sparse_bytes_per_step'] / w['sparse_min_per_step']:11.2f}")
+
+
+def print_summary(tcp: dict[int, dict[str, float]], grpc_: dict[int, dict[str, float]], rows: list[dict[str, Any]],
+                  local: float) -> None:
+    print()
+    print("summary")
+    if tcp:
+        worst = min((grpc_[m][d] / tcp[m][d], m, d) for m in tcp for d in ("send", "get"))
+        print(f"  transport: worst gRPC/raw TCP ratio {worst[0]:.2f} ({worst[1]} MiB {worst[2]}); target >= "
+              f"{TRANSPORT_TARGET} {'met' if worst[0] >= TRANSPORT_TARGET else 'MISSED'}")
+    for r in rows:
+        if not r["pservers"]:
+            continue
+        line = (f"  {r['job']}: {r['total'] / local:.2f}x single-process total, "
+                f"{r['per_trainer'] / REFERENCE_PER_TRAINER:.2f}x the reference per trainer")
+        w = r["wire"]
+        line += (f"; wire {w['bytes_per_step'] / w['min_bytes_per_step']:.2f}x minimum, sparse grad rows "
+                 f"{w['sparse_rows_per_step'] / w['unique_ids_per_step']:.2f}x touched rows")
+        print(line)
+    print(f"  single-process baseline: {local:,.0f} examples/s")
+
+
+# --- main -----------------------------------------------------------------------------------------------
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"FLAGS_rpc_deadline": str(int(args.job_timeout * 1000)),
+                "FLAGS_pserver_timeout_ms": str(int(args.job_timeout * 1000 * 3 // 4)),
+                "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))})
+    for var in ("TRAINING_ROLE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_PSERVERS_IP_PORT_LIST",
+                "PADDLE_CURRENT_ENDPOINT", "POD_IP", "PADDLE_PORT", "PADDLE_TRAINER_ENDPOINTS"):
+        env.pop(var, None)
+    if args.hugetlb:
+        env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
+    return env
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Parameter-server transport, CTR training speed and wire bytes.")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run (< 60 s): 4 MiB only, 3 reps, few steps, jobs local, 1x2 async, 2x2 sync")
+    ap.add_argument("--sizes-mib", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                    help="transport tensor sizes in MiB (default 4,64)")
+    ap.add_argument("--reps", type=int, default=None, help="timed transfers a size and direction (default 7)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps a trainer (default 100)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5)")
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--table-rows", type=int, default=1_000_000)
+    ap.add_argument("--id-dist", choices=("zipf", "uniform"), default="zipf",
+                    help="ids Zipf(1.2)-skewed (default) or uniform over the table")
+    ap.add_argument("--jobs", nargs="+", default=None,
+                    help="PS jobs as PxT-mode, e.g. 1x2-async 2x2-sync (default: 1x2 and 2x2, sync and async)")
+    ap.add_argument("--skip-transport", action="store_true")
+    ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds a job's processes may take")
+    ap.add_argument("--hugetlb", action="store_true", help="run the children with GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
+    ap.add_argument("--json", default="", help="also write the figures as JSON to this path")
+    args = ap.parse_args(argv)
+    quick = args.quick
+    args.sizes_mib = args.sizes_mib or ([4] if quick else [4, 64])
+    args.reps = args.reps or (3 if quick else 7)
+    args.steps = args.steps or (10 if quick else 100)
+    args.warmup = args.warmup or (2 if quick else 5)
+    args.jobs = args.jobs or (["1x2-async", "2x2-sync"] if quick else ["1x2-sync", "1x2-async", "2x2-sync", "2x2-async"])
+    if min(args.sizes_mib) < 1 or args.reps < 1 or args.steps < 1 or args.warmup < 0:
+        ap.error("--sizes-mib, --reps and --steps must be at least 1 and --warmup at least 0")
+    return args
+
+
+def parse_job(text: str) -> Job:
+    shape, _, mode = text.partition("-")
+    p, _, t = shape.partition("x")
+    if mode not in ("sync", "async") or not p.isdigit() or not t.isdigit() or int(p) < 1 or int(t) < 1:
+        raise BenchError(f"job {text!r} is not of the form PxT-mode", hint="e.g. 1x2-async or 2x2-sync")
+    return Job(f"{p}x{t} {mode}", int(p), int(t), mode)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    jobs = [Job("single-process", 0, 1, "local")] + [parse_job(j) for j in args.jobs]
+    env = child_env(args)
+    print(f"ps_bench: {os.cpu_count()} cores; table {args.table_rows:,} x 16, batch {args.batch_size}, "
+          f"{args.warmup} warm-up + {args.steps} timed steps a trainer, ids {args.id_dist}", flush=True)
+    tcp: dict[int, dict[str, float]] = {}
+    grpc_: dict[int, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="ps_bench_") as tmpdir:
+        tmp = pathlib.Path(tmpdir)
+        if not args.skip_transport:
+            procs = Procs(tmp, env)
+            try:
+                tcp, grpc_ = bench_transport(procs, args.sizes_mib, args.reps)
+                print("transport: " + ", ".join(f"{m} MiB {d} TCP {tcp[m][d]:.2f} gRPC {grpc_[m][d]:.2f} GB/s"
+                                                for m in tcp for d in ("send", "get")), flush=True)
+            finally:
+                procs.kill()
+        rows = []
+        for job in jobs:
+            start = time.perf_counter()
+            rows.append(run_job(job, args, env, tmp))
+            print(f"{job.name}: {rows[-1]['per_trainer']:,.0f} examples/s per trainer, {rows[-1]['total']:,.0f} "
+                  f"total ({time.perf_counter() - start:.1f}s with start-up)", flush=True)
+    local = rows[0]["total"]
+    if tcp:
+        print_transport(tcp, grpc_)
+    print_jobs(rows, local)
+    print_summary(tcp, grpc_, rows, local)
+    result = {"transport": {"tcp": tcp, "grpc": grpc_}, "jobs": rows, "local_examples_per_s": local,
+              "reference_per_trainer": REFERENCE_PER_TRAINER,
+              "config": {k: v for k, v in vars(args).items() if k != "json"}}
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BenchError as e:
+        print(f"ps_bench failed: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,330 @@
+"""One process of ``bench/ps_bench.py``: a raw TCP sink, a pserver, a trainer or the local baseline.
+
+``python bench/ps_bench_worker.py ROLE [options]``; ``ps_bench.py`` starts these with ``subprocess`` and
+reads what each one writes to ``--out`` (JSON). Roles:
+
+- ``tcp-sink``: a loopback TCP server for the raw transport baseline. It binds ``127.0.0.1:0``, writes
+  its port to ``--out``, serves one connection and exits when it closes. Requests are a 9-byte header
+  (``b"S"`` or ``b"G"``, then a little-endian uint64 length): ``S`` is followed by that many bytes, read
+  with ``recv_into`` into one reused buffer, and answered with one byte; ``G`` is answered with that
+  many bytes of one reused buffer.
+- ``transport-pserver``: a real pserver (transpiled program, ``listen_and_serv``, gRPC) holding one
+  parameter ``[rows, 1024]`` float32 of each size in ``--sizes-mib`` (``transport_program``), sync mode,
+  one trainer: a send of a gradient is stored without a barrier, a get answers at once. It exits when
+  the trainer sends Complete.
+- ``pserver`` / ``trainer``: the CTR reference job (``build_ctr``) transpiled for ``--endpoints`` and
+  ``--trainers`` in ``--mode`` sync or async, with the table distributed. A trainer runs ``--warmup``
+  untimed steps, then ``--steps`` timed ones, and writes its examples/s, the time window (``time.time``,
+  so windows of several processes compare), the losses, and the bytes its gRPC calls carried per step
+  (``RPCClient._call`` is wrapped in this process only: the length of every request plus its reply, by
+  method, and the rows of every selected-rows gradient it sent) next to the theoretical minimum.
+- ``local``: the same model, table not distributed, trained in this one process (the baseline).
+
+Invariants: every batch comes from ``make_batches`` seeded by the trainer id, so a run is reproducible;
+labels follow a fixed random linear rule of the features, so the loss falls; nothing here waits without
+a bound (the RPC deadline and the pserver timeout come from the environment ``ps_bench.py`` sets).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import socket
+import struct
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import ir  # noqa: E402
+from ir import layers, optimizer  # noqa: E402
+from ir.core import Program  # noqa: E402
+from ir.errors import FlotillaError  # noqa: E402
+from ir.initializer import Uniform  # noqa: E402
+from ir.names import unique_name  # noqa: E402
+from transpiler import DistributeTranspiler, DistributeTranspilerConfig  # noqa: E402
+
+NUM_DENSE = 13
+NUM_SLOTS = 26
+EMB_DIM = 16
+HIDDEN = (400, 400, 400)
+TABLE = "shared_embedding"
+LEARNING_RATE = 0.01
+ROW_WIDTH = 1024
+HEADER = struct.Struct("<cQ")
+LABEL_SEED = 12345
+
+
+class WorkerError(FlotillaError):
+    """A benchmark process got arguments it cannot use."""
+
+    code = "E790"
+
+
+# --- the CTR reference job ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CTRJob:
+    """The built programs, the loss name and the trainable parameters other than the table."""
+
+    main: Program
+    startup: Program
+    loss: str
+    dense_params: dict[str, tuple[int, ...]]
+
+
+def build_ctr(table_rows: int, is_distributed: bool) -> CTRJob:
+    """26 int64 slots sharing ONE ``[table_rows, 16]`` sparse table, 13 dense features, concat → fc
+    400-400-400 relu → fc 2 softmax, mean cross entropy, SGD 0.01."""
+    main, startup = Program(), Program()
+    with ir.program_guard(main, startup), unique_name.guard():
+        dense = layers.data("dense_input", [NUM_DENSE], dtype="float32")
+        sparse = layers.data("sparse_input", [NUM_SLOTS], dtype="int64")
+        label = layers.data("label", [1], dtype="int64")
+        emb = layers.embedding(sparse, size=[table_rows, EMB_DIM], is_sparse=True, is_distributed=is_distributed,
+                               param_attr=ir.ParamAttr(name=TABLE, initializer=Uniform(-0.05, 0.05)))
+        h = layers.concat([layers.reshape(emb, [-1, NUM_SLOTS * EMB_DIM]), dense], axis=1)
+        for width in HIDDEN:
+            h = layers.fc(h, width, act="relu")
+        predict = layers.fc(h, 2, act="softmax")
+        loss = layers.mean(layers.cross_entropy(predict, label))
+        optimizer.SGD(LEARNING_RATE).minimize(loss)
+    dense_params = {v.name: tuple(v.shape) for v in main.global_block().vars.values()
+                    if isinstance(v, ir.Parameter) and v.trainable and v.name != TABLE}
+    return CTRJob(main, startup, loss.name, dense_params)
+
+
+def make_batches(seed: int, count: int, batch_size: int, table_rows: int, id_dist: str) -> list[dict[str, np.ndarray]]:
+    """``count`` synthetic batches. Ids are uniform over the table or Zipf-skewed (``id_dist``); the label
+    is 1 where a fixed random linear function of the dense features and of a per-id weight is positive."""
+    rule = np.random.default_rng(LABEL_SEED)
+    w_dense = rule.standard_normal(NUM_DENSE).astype(np.float32)
+    w_id = rule.standard_normal(table_rows).astype(np.float32)
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        dense = rng.random((batch_size, NUM_DENSE), dtype=np.float32)
+        if id_dist == "uniform":
+            ids = rng.integers(0, table_rows, size=(batch_size, NUM_SLOTS), dtype=np.int64)
+        else:
+            ids = (rng.zipf(1.2, size=(batch_size, NUM_SLOTS)) - 1).astype(np.int64) % table_rows
+        logit = (dense - 0.5) @ w_dense + w_id[ids].sum(axis=1) / np.sqrt(NUM_SLOTS)
+        out.append({"dense_input": dense, "sparse_input": ids,
+                    "label": (logit > 0).astype(np.int64).reshape(-1, 1)})
+    return out
+
+
+def transpile(program: Program, startup: Program, trainer_id: int, endpoints: str, trainers: int, sync: bool,
+              slice_vars: bool = True) -> DistributeTranspiler:
+    t = DistributeTranspiler(DistributeTranspilerConfig(slice_var_up=slice_vars))
+    t.transpile(trainer_id, program=program, startup_program=startup, pservers=endpoints, trainers=trainers,
+                sync_mode=sync)
+    return t
+
+
+# --- the transport pserver ----------------------------------------------------------------------------------
+def transport_names(sizes_mib: list[int]) -> dict[int, tuple[str, str, tuple[int, int]]]:
+    """Per size, the (gradient, parameter, shape) the transport pserver receives and serves."""
+    return {mib: (f"fc_{i}.w_0@GRAD", f"fc_{i}.w_0", (mib * (1 << 20) // (4 * ROW_WIDTH), ROW_WIDTH))
+            for i, mib in enumerate(sizes_mib)}
+
+
+def transport_program(sizes_mib: list[int]) -> tuple[Program, Program]:
+    """One fc weight ``[size MiB / 4 KiB, 1024]`` float32 per size (no bias), named as ``transport_names``
+    says; SGD with learning rate 0."""
+    main, startup = Program(), Program()
+    with ir.program_guard(main, startup), unique_name.guard():
+        outs = []
+        for i, (_, param, (rows, _)) in enumerate(transport_names(sizes_mib).values()):
+            x = layers.data(f"x{i}", [rows], dtype="float32")
+            outs.append(layers.mean(layers.fc(x, ROW_WIDTH, bias_attr=False)))
+        optimizer.SGD(0.0).minimize(outs[0] if len(outs) == 1 else layers.sums(outs))
+    params = {v.name for v in main.global_block().vars.values() if isinstance(v, ir.Parameter)}
+    expected = {param for _, param, _ in transport_names(sizes_mib).values()}
+    if params != expected:
+        raise WorkerError(f"the transport program's parameters are {sorted(params)}, expected {sorted(expected)}")
+    return main, startup
+
+
+# --- roles ------------------------------------------------------------------------------------------------
+def run_tcp_sink(args: argparse.Namespace) -> None:
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(args.timeout)
+    pathlib.Path(args.out).write_text(json.dumps({"port": server.getsockname()[1]}))
+    conn, _ = server.accept()
+    conn.settimeout(args.timeout)
+    server.close()
+    buf = bytearray(max(1, args.buffer_mib) << 20)
+    view = memoryview(buf)
+    header = bytearray(HEADER.size)
+    while True:
+        if not _recv_exact(conn, memoryview(header)):
+            break
+        kind, n = HEADER.unpack(header)
+        if n > len(buf):
+            raise WorkerError(f"tcp-sink: a request of {n} bytes exceeds the {len(buf)}-byte buffer",
+                              hint="raise --buffer-mib")
+        if kind == b"S":
+            _recv_exact(conn, view[:n])
+            conn.sendall(b"k")
+        else:
+            conn.sendall(view[:n])
+    conn.close()
+
+
+def _recv_exact(conn: socket.socket, view: memoryview) -> bool:
+    """Fill ``view`` from ``conn``; False if the peer closed before the first byte."""
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            if got == 0:
+                return False
+            raise WorkerError(f"the peer closed after {got} of {len(view)} bytes")
+        got += n
+    return True
+
+
+def run_program_pserver(main: Program, startup: Program, t: DistributeTranspiler, endpoint: str) -> None:
+    import runtime
+
+    prog, pstartup = t.get_pserver_programs(endpoint)
+    exe = runtime.Executor(runtime.CPUPlace())
+    scope = runtime.Scope()
+    exe.run(pstartup, scope=scope)
+    exe.run(prog, scope=scope)
+
+
+def run_transport_pserver(args: argparse.Namespace) -> None:
+    main, startup = transport_program(args.sizes_mib)
+    t = transpile(main, startup, 0, args.endpoint, 1, True, slice_vars=False)
+    run_program_pserver(main, startup, t, args.endpoint)
+
+
+def run_pserver(args: argparse.Namespace) -> None:
+    job = build_ctr(args.table_rows, is_distributed=True)
+    t = transpile(job.main, job.startup, 0, args.endpoints, args.trainers, args.mode == "sync")
+    run_program_pserver(job.main, job.startup, t, args.endpoint)
+
+
+class WireCounter:
+    """Wraps ``RPCClient._call`` in this process: bytes of every request and reply by method, and rows of
+    the selected-rows gradients sent."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
+        self.sparse_rows = 0
+        self.sparse_bytes = 0
+
+    def reset(self) -> None:
+        self.bytes, self.calls, self.sparse_rows, self.sparse_bytes = {}, {}, 0, 0
+
+    def install(self) -> None:
+        from runtime.rpc import client as client_mod
+        from runtime.rpc import send_recv_pb2 as pb
+        from runtime.rpc.wire import decode_variable
+
+        original: Callable[..., bytes] = client_mod.RPCClient._call
+        counter = self
+
+        def counted(self: Any, endpoint: str, method: str, request: bytes, what: str) -> bytes:
+            reply = original(self, endpoint, method, request, what)
+            size = len(request) + len(reply)
+            counter.bytes[method] = counter.bytes.get(method, 0) + size
+            counter.calls[method] = counter.calls.get(method, 0) + 1
+            if method == "SendVariable":
+                header = decode_variable(request).header
+                if header.type == pb.SELECTED_ROWS:
+                    counter.sparse_rows += int(header.dims[0])
+                    counter.sparse_bytes += size
+            return reply
+
+        client_mod.RPCClient._call = counted  # type: ignore[method-assign]
+
+
+def _train(args: argparse.Namespace, distributed: bool) -> dict[str, Any]:
+    import runtime
+
+    job = build_ctr(args.table_rows, is_distributed=distributed)
+    trainer_id = args.trainer_id if distributed else 0
+    if distributed:
+        t = transpile(job.main, job.startup, trainer_id, args.endpoints, args.trainers, args.mode == "sync")
+        main, startup = t.get_trainer_program(), t.get_trainer_startup_program()
+    else:
+        main, startup = job.main, job.startup
+    batches = make_batches(1000 + trainer_id, args.warmup + args.steps, args.batch_size, args.table_rows,
+                           args.id_dist)
+    counter = WireCounter()
+    if distributed:
+        counter.install()
+    exe = runtime.Executor(runtime.CPUPlace())
+    scope = runtime.Scope()
+    exe.run(startup, scope=scope)
+    losses = []
+    for batch in batches[:args.warmup]:
+        (loss,) = exe.run(main, feed=batch, fetch_list=[job.loss], scope=scope)
+        losses.append(float(np.asarray(loss).ravel()[0]))
+    counter.reset()
+    start = time.time()
+    for batch in batches[args.warmup:]:
+        (loss,) = exe.run(main, feed=batch, fetch_list=[job.loss], scope=scope)
+        losses.append(float(np.asarray(loss).ravel()[0]))
+    end = time.time()
+    wire = {"bytes": dict(counter.bytes), "calls": dict(counter.calls), "sparse_rows": counter.sparse_rows,
+            "sparse_bytes": counter.sparse_bytes}
+    exe.close()
+    timed = batches[args.warmup:]
+    unique = [int(np.unique(b["sparse_input"]).size) for b in timed]
+    dense_bytes = sum(int(np.prod(s)) * 4 for s in job.dense_params.values())
+    return {"trainer_id": trainer_id, "steps": args.steps, "examples": args.steps * args.batch_size,
+            "start": start, "end": end, "examples_per_s": args.steps * args.batch_size / (end - start),
+            "losses": losses, "unique_ids_per_step": float(np.mean(unique)),
+            "ids_per_step": args.batch_size * NUM_SLOTS, "dense_param_bytes": dense_bytes, "wire": wire}
+
+
+def run_trainer(args: argparse.Namespace) -> None:
+    pathlib.Path(args.out).write_text(json.dumps(_train(args, distributed=True)))
+
+
+def run_local(args: argparse.Namespace) -> None:
+    pathlib.Path(args.out).write_text(json.dumps(_train(args, distributed=False)))
+
+
+ROLES: dict[str, Callable[[argparse.Namespace], None]] = {
+    "tcp-sink": run_tcp_sink, "transport-pserver": run_transport_pserver, "pserver": run_pserver,
+    "trainer": run_trainer, "local": run_local}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="One process of bench/ps_bench.py.")
+    ap.add_argument("role", choices=sorted(ROLES))
+    ap.add_argument("--out", default="", help="JSON result file (tcp-sink: its port)")
+    ap.add_argument("--endpoint", default="", help="this pserver's endpoint")
+    ap.add_argument("--endpoints", default="", help="every pserver endpoint, comma-separated")
+    ap.add_argument("--trainers", type=int, default=1)
+    ap.add_argument("--trainer-id", type=int, default=0)
+    ap.add_argument("--mode", choices=("sync", "async"), default="sync")
+    ap.add_argument("--table-rows", type=int, default=1_000_000)
+    ap.add_argument("--batch-size", type=int, default=512)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--id-dist", choices=("zipf", "uniform"), default="zipf")
+    ap.add_argument("--sizes-mib", type=lambda s: [int(x) for x in s.split(",")], default=[4, 64])
+    ap.add_argument("--buffer-mib", type=int, default=64)
+    ap.add_argument("--timeout", type=float, default=120.0, help="tcp-sink: seconds to wait for the client")
+    args = ap.parse_args(argv)
+    if args.role in ("trainer", "local") and not args.out:
+        raise WorkerError(f"role {args.role} needs --out", hint="ps_bench.py passes a file in its temp dir")
+    ROLES[args.role](args)
+
+
+if __name__ == "__main__":
+    main()
