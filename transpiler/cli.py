@@ -642,7 +642,7 @@ def _configure_launch(p: argparse.ArgumentParser) -> None:
 
 
 def _run_launch(args: argparse.Namespace) -> int:
-    from runtime.launch import launch  # lazily: runtime imports jax
+    from runtime.launch import launch  # lazy: runtime imports jax
 
     return launch(args.launch_args, prog=f"{PROG} launch")
 
