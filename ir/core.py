@@ -349,6 +349,39 @@ class Block:
                     op._rename_many(local)
         self._touch()
 
+    def reuse_vars(self, mapping: Mapping[str, str], shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+        """Memory reuse: make every use of each variable ``old`` of ``mapping`` (slots and ``op_role_var``, in
+        this block and its sub-blocks where not shadowed) use the existing variable ``mapping[old]`` instead,
+        and remove ``old`` (one pass over the ops). Both must be variables of this block with the same
+        dtype and type, and no target may itself be renamed; ``shapes`` re-declares targets (same rank),
+        e.g. with the extents that differ unknown (-1). The caller guarantees that the lifetimes of the
+        variables sharing a name do not overlap. Nothing changes when an argument is refused."""
+        shapes = dict(shapes or {})
+        for old, into in mapping.items():
+            a, b = self.var(old), self.var(into)
+            if old == into or into in mapping:
+                raise IRError(f"cannot reuse {into!r} for {old!r}: " + ("a variable for itself" if old == into
+                                                                        else f"{into!r} is renamed too"))
+            if (a.dtype, a.type) != (b.dtype, b.type):
+                raise IRError(f"cannot reuse {into!r} ({b.type} {b.dtype}) for {old!r} ({a.type} {a.dtype})",
+                              hint="only a variable of the same dtype and type can share a buffer")
+        for into, shape in shapes.items():
+            if len(tuple(shape)) != len(self.var(into).shape):
+                raise IRError(f"cannot re-declare {into!r} of rank {len(self.var(into).shape)} "
+                              f"with shape {list(shape)}")
+        if not mapping and not shapes:
+            return
+        for into, shape in shapes.items():
+            self._vars[into] = dataclasses.replace(self._vars[into], shape=tuple(shape))
+        for block in self.program.blocks:
+            if block is self or self._is_ancestor_of(block):
+                local = {o: n for o, n in mapping.items() if block is self or o not in block._vars}
+                for op in block._ops:
+                    op._rename_many(local)
+        for old in mapping:
+            del self._vars[old]
+        self._touch()
+
     def _is_ancestor_of(self, block: "Block") -> bool:
         p = block.parent
         while p is not None:
@@ -540,7 +573,8 @@ class Program:
 
     def clone(self, for_test: bool = False) -> "Program":
         """A deep copy (variables are immutable values and are shared). ``for_test`` keeps only
-        forward ops (as Fluid's ``clone(for_test=True)`` prunes backward and optimize ops)."""
+        forward ops and sets ``is_test`` on those that have it (batch norm, dropout), as Fluid's
+        ``clone(for_test=True)`` does."""
         new = Program()
         new.random_seed = self.random_seed
         new.blocks = []
@@ -549,7 +583,7 @@ class Program:
             nb._vars = dict(b._vars)
             nb._ops = [
                 Operator(nb, op.type, {k: list(v) for k, v in op._inputs.items()},
-                         {k: list(v) for k, v in op._outputs.items()}, _copy_attrs(op._attrs))
+                         {k: list(v) for k, v in op._outputs.items()}, _copy_attrs(op._attrs, for_test))
                 for op in b._ops
                 if not for_test or op.role in (0, 256)
             ]
@@ -568,8 +602,11 @@ class Program:
         return f"<Program blocks={len(self.blocks)} version={self._version}>"
 
 
-def _copy_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: list(v) if isinstance(v, list) else v for k, v in attrs.items()}
+def _copy_attrs(attrs: Mapping[str, Any], for_test: bool = False) -> dict[str, Any]:
+    out = {k: list(v) if isinstance(v, list) else v for k, v in attrs.items()}
+    if for_test and "is_test" in out:
+        out["is_test"] = True
+    return out
 
 
 # --- default programs ---------------------------------------------------------------------------

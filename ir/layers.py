@@ -20,14 +20,14 @@ from ir.param_attr import ParamAttr
 
 __all__ = [
     "abs", "accuracy", "auc", "batch_norm", "cast", "concat", "conv2d", "cos_sim", "create_global_var",
-    "create_parameter", "cross_entropy", "data", "dropout", "elementwise_add", "elementwise_div",
-    "elementwise_max", "elementwise_min", "elementwise_mul", "elementwise_pow", "elementwise_sub", "embedding",
-    "equal", "exp", "fc", "fill_constant", "fill_constant_batch_size_like", "greater_equal", "greater_than",
-    "increment", "less_equal", "less_than", "log", "log_loss", "logical_and", "logical_not", "logical_or",
-    "matmul", "mean", "not_equal", "pool2d", "reduce_max", "reduce_mean", "reduce_sum", "relu", "reshape",
-    "scale", "sequence_pool", "sigmoid", "sigmoid_cross_entropy_with_logits", "softmax",
-    "softmax_with_cross_entropy", "softsign", "sqrt", "square", "square_error_cost", "sums", "tanh",
-    "transpose",
+    "create_parameter", "cross_entropy", "data", "dropout", "elementwise_add", "elementwise_div", "elementwise_max",
+    "elementwise_min", "elementwise_mul", "elementwise_pow", "elementwise_sub", "embedding", "equal", "exp", "fc",
+    "fill_constant", "fill_constant_batch_size_like", "gelu", "greater_equal", "greater_than", "increment",
+    "layer_norm", "less_equal", "less_than", "log", "log_loss", "logical_and", "logical_not", "logical_or",
+    "matmul", "mean", "not_equal", "pool2d", "reduce_max", "reduce_mean", "reduce_sum", "relu", "reshape", "scale",
+    "seq_len_name", "sequence_conv", "sequence_pool", "sequence_softmax", "sigmoid",
+    "sigmoid_cross_entropy_with_logits", "softmax", "softmax_with_cross_entropy",
+    "softsign", "sqrt", "square", "square_error_cost", "sums", "tanh", "transpose",
 ]
 
 
@@ -120,12 +120,27 @@ def data(name: str, shape: Sequence[int], append_batch_size: bool = True, dtype:
             raise IRError(f"data: shape entries must be positive ints, -1 or None, got {list(shape)}")
     if _bool("data", "append_batch_size", append_batch_size) and -1 not in dims:
         dims = [-1] + dims
-    _int("data", "lod_level", lod_level, 0)
+    if _int("data", "lod_level", lod_level, 0) > 1:
+        raise IRError(f"data: lod_level {lod_level} is not supported (nested sequences)",
+                      hint="use lod_level=1: one level of variable-length sequences")
     if type not in ("lod_tensor", "selected_rows"):
         raise IRError(f"data: type must be 'lod_tensor' or 'selected_rows', got {type!r}")
     block = default_main_program().global_block()
-    return block.create_var(name=name, shape=dims, dtype=_dtype("data", dtype), type=type,
-                            stop_gradient=_bool("data", "stop_gradient", stop_gradient), is_data=True)
+    var = block.create_var(name=name, shape=dims, dtype=_dtype("data", dtype), type=type,
+                           stop_gradient=_bool("data", "stop_gradient", stop_gradient), is_data=True)
+    if lod_level == 1:
+        if dims[0] != -1:
+            raise IRError(f"data: a lod_level=1 variable's first dim counts rows of all sequences and must be -1, "
+                          f"got shape {dims}", hint="leave append_batch_size=True")
+        # The sequence lengths travel beside the rows as a fed variable of their own (runtime/lod.py).
+        block.create_var(name=seq_len_name(name), shape=[-1], dtype="int64", stop_gradient=True, is_data=True)
+    return var
+
+
+def seq_len_name(name: str) -> str:
+    """The fed variable holding the sequence lengths of the lod_level=1 data variable ``name``:
+    ``words`` → ``words@SEQ_LEN`` (int64 [N], one row count per sequence)."""
+    return name + "@SEQ_LEN"
 
 
 def create_parameter(shape: Sequence[int], dtype: Any, name: str | None = None, attr: Any = None,
@@ -411,6 +426,11 @@ def softsign(x: Any, name: str | None = None) -> Variable:
     return _unary("softsign", "softsign", x, name)
 
 
+def gelu(x: Any, name: str | None = None) -> Variable:
+    """``gelu``: 0.5 * x * (1 + erf(x / sqrt(2))) (the exact form); also usable as ``act="gelu"``."""
+    return _unary("gelu", "gelu", x, name)
+
+
 def sqrt(x: Any, name: str | None = None) -> Variable:
     return _unary("sqrt", "sqrt", x, name)
 
@@ -514,11 +534,53 @@ def cos_sim(X: Any, Y: Any) -> Variable:
 _POOL_TYPES = ("average", "sum", "sqrt", "max", "first", "last")
 
 
+# Ops whose output rows are their input's rows (one row out per row in), through the slot given: a LoD
+# tensor keeps its sequence lengths through them, as in Fluid.
+_ROW_WISE = {"lookup_table": "Ids", "mul": "X", "sum": "X", "elementwise_add": "X", "elementwise_sub": "X",
+             "elementwise_mul": "X", "elementwise_div": "X", "elementwise_max": "X", "elementwise_min": "X",
+             "elementwise_pow": "X", "scale": "X", "cast": "X", "dropout": "X", "softmax": "X",
+             "sequence_softmax": "X", "sequence_conv": "X", "layer_norm": "X", "batch_norm": "X"}
+
+
+def _seq_lengths(x: Variable) -> Variable | None:
+    """The lengths variable of LoD tensor ``x``: follow ``x`` back through row-wise ops (embedding, fc,
+    activations, ...) to a ``lod_level=1`` data variable; None if it does not come from one."""
+    block = default_main_program().global_block()
+    ops = block.ops
+    name, end = x.name, len(ops)
+    while True:
+        var = block.vars.get(name)
+        if var is not None and var.is_data and seq_len_name(name) in block.vars:
+            return block.vars[seq_len_name(name)]
+        producer = next((i for i in range(end - 1, -1, -1) if name in ops[i].output_arg_names), None)
+        if producer is None:
+            return None
+        op = ops[producer]
+        slot = "X" if op.type in _ACTIVATION_OPS else _ROW_WISE.get(op.type)
+        if slot is None or not op.input(slot):
+            return None
+        name, end = op.input(slot)[0], producer
+
+
+_ACTIVATION_OPS = frozenset({"relu", "sigmoid", "tanh", "softsign", "exp", "log", "sqrt", "square", "abs",
+                             "gelu", "leaky_relu", "softplus", "brelu", "relu6", "elu", "swish", "hard_sigmoid"})
+
+
+def _require_lod(layer: str, x: Variable) -> Variable:
+    lengths = _seq_lengths(x)
+    if lengths is None:
+        raise IRError(f"{layer}: input {x.name}{list(x.shape)} has no LoD (sequence lengths)",
+                      hint="declare the ids it comes from with layers.data(..., lod_level=1) and feed sequences "
+                           "(a list of lists, create_lod_tensor or a LoDTensor)")
+    return lengths
+
+
 def sequence_pool(input: Any, pool_type: str, is_test: bool = False, pad_value: float = 0.0,
                   ids: Any = None, padding_idx: int | None = None) -> Variable:
-    """Pool a padded batch ``input`` [N, T, D] over time to [N, D]. With ``ids`` ([N, T] or [N, T, 1]
-    int64) and ``padding_idx``, the time steps whose id equals ``padding_idx`` are skipped; a sequence
-    with no steps left pools to ``pad_value``. (Fluid pools LoD sequences; here padding marks the ends.)"""
+    """Pool each sequence of ``input`` to one row, as Fluid: ``input`` is a LoD tensor [R, D] (coming from a
+    ``layers.data(..., lod_level=1)`` through row-wise layers such as ``embedding`` and ``fc``), giving [N, D];
+    a sequence with no rows pools to ``pad_value``. A padded batch [N, T, D] is pooled over T too; there,
+    ``ids`` ([N, T] or [N, T, 1] int64) and ``padding_idx`` mark the time steps to skip."""
     x = _var("sequence_pool", "input", input)
     if not isinstance(pool_type, str) or pool_type.lower() not in _POOL_TYPES:
         raise IRError(f"sequence_pool: pool_type must be one of {list(_POOL_TYPES)}, got {pool_type!r}")
@@ -527,6 +589,8 @@ def sequence_pool(input: Any, pool_type: str, is_test: bool = False, pad_value: 
         inputs["Ids"] = [_var("sequence_pool", "ids", ids)]
     if padding_idx is not None and ids is None:
         raise IRError("sequence_pool: padding_idx needs ids", hint="pass the ids the input was looked up from")
+    if ids is None and len(x.shape) < 3:
+        inputs["Length"] = [_require_lod("sequence_pool", x)]
     helper = LayerHelper("sequence_pool")
     out = helper.create_variable_for_type_inference(x.dtype)
     outputs: dict[str, list[Variable]] = {"Out": [out]}
@@ -538,6 +602,43 @@ def sequence_pool(input: Any, pool_type: str, is_test: bool = False, pad_value: 
                             "padding_idx": -1 if padding_idx is None else _int("sequence_pool", "padding_idx",
                                                                                padding_idx)})
     return helper.var(out.name)
+
+
+def sequence_softmax(input: Any, use_cudnn: bool = False, name: str | None = None) -> Variable:
+    """Softmax of the scores ``input`` [R, 1] within each sequence of a LoD tensor."""
+    x = _var("sequence_softmax", "input", input)
+    lengths = _require_lod("sequence_softmax", x)
+    helper = LayerHelper("sequence_softmax", name=name)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("sequence_softmax", inputs={"X": [x], "Length": [lengths]}, outputs={"Out": [out]},
+                     attrs={"use_cudnn": _bool("sequence_softmax", "use_cudnn", use_cudnn)})
+    return helper.var(out.name)
+
+
+def sequence_conv(input: Any, num_filters: int, filter_size: int = 3, filter_stride: int = 1, padding: Any = None,
+                  bias_attr: Any = None, param_attr: Any = None, act: Any = None, name: str | None = None) -> Variable:
+    """Fluid's ``sequence_conv``: each row of the LoD tensor ``input`` [R, D] sees a window of
+    ``filter_size`` rows centred on it (``contextStart = -(filter_size // 2)``, zeros past its sequence's
+    ends), times a [filter_size * D, num_filters] filter, plus bias, then ``act``."""
+    x = _var("sequence_conv", "input", input)
+    lengths = _require_lod("sequence_conv", x)
+    _int("sequence_conv", "num_filters", num_filters, 1)
+    _int("sequence_conv", "filter_size", filter_size, 1)
+    if _int("sequence_conv", "filter_stride", filter_stride, 1) != 1:
+        raise IRError(f"sequence_conv: filter_stride {filter_stride} is not supported", hint="use 1, as Fluid")
+    if len(x.shape) != 2 or x.shape[1] <= 0:
+        raise IRError(f"sequence_conv: input {x.name}{list(x.shape)} must be LoD rows [-1, D] with D known")
+    helper = LayerHelper("sequence_conv", param_attr=param_attr, bias_attr=bias_attr, act=act, name=name)
+    if helper.param_attr is False:
+        raise IRError("sequence_conv: param_attr cannot be False")
+    w = helper.create_parameter(helper.param_attr, [filter_size * x.shape[1], num_filters], x.dtype)
+    pre_bias = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("sequence_conv", inputs={"X": [x], "Filter": [w], "Length": [lengths]},
+                     outputs={"Out": [pre_bias]},
+                     attrs={"contextLength": filter_size, "contextStart": -(filter_size // 2), "contextStride": 1,
+                            "paddingTrainable": False})
+    pre_act = helper.append_bias_op(helper.var(pre_bias.name), dim_start=1)
+    return helper.append_activation(pre_act)
 
 
 def conv2d(input: Any, num_filters: int, filter_size: Any, stride: Any = 1, padding: Any = 0, dilation: Any = 1,
@@ -625,6 +726,43 @@ def batch_norm(input: Any, act: Any = None, is_test: bool = False, momentum: flo
                             "epsilon": _float("batch_norm", "epsilon", epsilon),
                             "is_test": _bool("batch_norm", "is_test", is_test), "data_layout": data_layout,
                             "use_global_stats": _bool("batch_norm", "use_global_stats", use_global_stats)})
+    return helper.append_activation(helper.var(y.name))
+
+
+def layer_norm(input: Any, scale: bool = True, shift: bool = True, begin_norm_axis: int = 1,
+               epsilon: float = 1e-05, param_attr: Any = None, bias_attr: Any = None, act: Any = None,
+               name: str | None = None) -> Variable:
+    """``layer_norm`` over the dims of ``input`` from ``begin_norm_axis`` on, with a Scale (init 1,
+    when ``scale``) and a Bias (init 0, when ``shift``) parameter of that many features, then ``act``."""
+    x = _var("layer_norm", "input", input)
+    _bool("layer_norm", "scale", scale)
+    _bool("layer_norm", "shift", shift)
+    axis = _int("layer_norm", "begin_norm_axis", begin_norm_axis)
+    if not 1 <= axis < len(x.shape):
+        raise IRError(f"layer_norm: begin_norm_axis {axis} must be in [1, {len(x.shape)}) for "
+                      f"{x.name}{list(x.shape)}")
+    features = math.prod(x.shape[axis:])
+    if features <= 0:
+        raise IRError(f"layer_norm: the dims of {x.name}{list(x.shape)} from begin_norm_axis {axis} on must be "
+                      "known", hint="only dims before begin_norm_axis may be -1")
+    helper = LayerHelper("layer_norm", param_attr=param_attr, bias_attr=bias_attr, act=act, name=name)
+    dtype = x.dtype
+    inputs: dict[str, list[Variable]] = {"X": [x]}
+    if scale:
+        if helper.param_attr is False:
+            raise IRError("layer_norm: param_attr cannot be False when scale is True", hint="pass scale=False")
+        inputs["Scale"] = [helper.create_parameter(helper.param_attr, [features], dtype,
+                                                   default_initializer=Constant(1.0))]
+    if shift:
+        if helper.bias_attr is False:
+            raise IRError("layer_norm: bias_attr cannot be False when shift is True", hint="pass shift=False")
+        inputs["Bias"] = [helper.create_parameter(helper.bias_attr, [features], dtype, is_bias=True)]
+    mean_out = helper.create_variable_for_type_inference(dtype, stop_gradient=True)
+    variance_out = helper.create_variable_for_type_inference(dtype, stop_gradient=True)
+    y = helper.create_variable_for_type_inference(dtype)
+    helper.append_op("layer_norm", inputs=inputs,
+                     outputs={"Y": [y], "Mean": [mean_out], "Variance": [variance_out]},
+                     attrs={"epsilon": _float("layer_norm", "epsilon", epsilon), "begin_norm_axis": axis})
     return helper.append_activation(helper.var(y.name))
 
 

@@ -28,6 +28,7 @@ from ir.errors import FlotillaError, VerifyError
 from ir.program_set import ProgramSet
 from ir.verify import collect_problems, format_context
 
+from passes.collective_plan import CollectivePlan
 from passes.dist_plan import DistPlan
 
 
@@ -48,6 +49,13 @@ class PassContext:
     dispatcher: Any = None  # a transpiler.ps_dispatcher.PSDispatcher (passes/ does not import it)
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    collective: CollectivePlan | None = None  # set in the collective (nccl2) modes
+
+    def require_collective(self, pass_name: str) -> CollectivePlan:
+        if self.collective is None:
+            raise PassError(f"pass {pass_name!r} needs a collective plan, but the context has none",
+                            hint="run it through DistributeTranspiler with config.mode = 'nccl2' or 'collective'")
+        return self.collective
 
     def require_placed(self, pass_name: str) -> DistPlan:
         if not self.plan.placed:

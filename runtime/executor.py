@@ -1,14 +1,23 @@
 """The Executor: runs a Program's global block against a Scope.
 
-A block is split into maximal runs of pure ops (ops with a JAX kernel) and host ops (RPC, IO,
-delete_var). Each pure run becomes one ``jax.jit`` function over the variables it reads, returning only
+A block is split into maximal runs of pure ops (ops with a JAX kernel) and host ops (RPC, IO). A
+``delete_var`` (``release_memory``) never splits a run: one that follows a pure op is folded into its run,
+which then stops returning the deleted values (and an erase step drops what the scope still held). Each
+pure run becomes one ``jax.jit`` function over the variables it reads, returning only
 what is needed afterwards: persistable variables, variables later runs or host ops read, and fetches;
 intermediates stay inside XLA. Persistable variables that a run both reads and writes (parameters,
 accumulators) are donated, so updates happen in place. Plans are cached on program identity, version,
 the fed names and the fetch list; jax caches compilations on feed shapes and dtypes.
 
 Randomness is deterministic: a random op draws from ``fold_in(PRNGKey(seed or program.random_seed),
-op index, run counter)`` so the same program and seed give the same numbers in every process.
+op index, run counter)`` (the index counts no ``delete_var`` op, so ``release_memory`` changes no draw) so the same program and seed give the same numbers in every process (and, in a
+data-parallel run, the rank is folded in too, so ranks draw different dropout masks).
+
+Data parallelism (``runtime.collective``): a block holding collective ops (``c_allreduce_sum``...) runs
+each pure run under ``jax.shard_map`` over a mesh of one device per trainer process; a program handed
+in as a ``CompiledProgram.with_data_parallel`` runs over every device of every process. Collectives then
+lower to XLA collectives inside the compiled step, so a training step stays one compiled call. The mesh
+is resolved when the first pure run executes, after host ops before it (``gen_nccl_id``) formed the group.
 """
 from __future__ import annotations
 
@@ -22,10 +31,14 @@ import numpy as np
 from ir.core import Block, Operator, Program, Variable, default_main_program
 from ir.names import EMPTY_VAR_NAME
 from ir.ops.registry import find_op_def, suggest
+from runtime.kernels.collective import collective_axis
 from runtime.kernels.registry import (RNG_SLOT, get_host_kernel, get_kernel, has_kernel, is_host_op,
                                       shape_only_slots)
 from runtime.place import CPUPlace, CUDAPlace
-from runtime.scope import ExecutionError, Scope, SelectedRows, global_scope
+from runtime.collective import local_value
+from runtime.lod import expand_lod_feeds
+from runtime.scope import (ExecutionError, FeedError, FetchError, Scope, SelectedRows, ShapeDtypeError,
+                           UninitializedVariableError, UntranspiledProgramError, global_scope)
 
 
 @dataclass
@@ -45,7 +58,9 @@ class _PureRun:
     donated: list[str]
     kept: list[str]
     outputs: list[str]
-    fn: Any = None
+    batch: frozenset[str] = frozenset()  # batch-major names (split over the data-parallel mesh)
+    fn: Any = None  # compiled on first use, when the data-parallel mesh (if any) is known
+    dp: Any = None  # the runtime.collective.DataParallel it was compiled for
 
 
 @dataclass
@@ -61,6 +76,7 @@ class _Plan:
     persistable: frozenset[str]
     runs: int = 0
     fetch: list[str] = field(default_factory=list)
+    collective_nranks: int | None = None  # not None: the block has collective ops (0: size not recorded)
 
 
 class _RunScope(Scope):
@@ -86,15 +102,32 @@ def _op_where(block: Block, i: int, op: Operator) -> str:
     return f"block {block.idx}/op {i} ({op.type})"
 
 
+_LIVE: "weakref.WeakSet[Executor]" = weakref.WeakSet()  # open executors, for Fleet's stop_worker
+
+
+def live_executors() -> list["Executor"]:
+    """The executors of this process that are not closed (Fleet's ``stop_worker`` closes them: Fluid had
+    one RPC client a process, Flotilla one an executor)."""
+    return [e for e in list(_LIVE) if not e._closed]
+
+
 class Executor:
     """``Executor(place).run(program, feed, fetch_list, scope)``, as Fluid's."""
 
     def __init__(self, place: CPUPlace | CUDAPlace | None = None) -> None:
         self.place = place or CPUPlace()
-        self.device = self.place.device()
+        self._device: Any = None  # resolved on first use: a collective group must form before JAX starts
         self._plans: "weakref.WeakKeyDictionary[Program, dict[Any, _Plan]]" = weakref.WeakKeyDictionary()
         self._closed = False
         self._close_hooks: list[Any] = []
+        _LIVE.add(self)
+
+    @property
+    def device(self) -> Any:
+        """The jax device of this executor's place."""
+        if self._device is None:
+            self._device = self.place.device()
+        return self._device
 
     # --- public API
     def run(self, program: Program | None = None, feed: Mapping[str, Any] | None = None,
@@ -103,12 +136,23 @@ class Executor:
         if self._closed:
             raise ExecutionError("this Executor is closed", hint="create a new runtime.Executor")
         program = program if program is not None else default_main_program()
+        dp = None
+        if hasattr(program, "_flotilla_data_parallel"):  # a CompiledProgram (transpiler/ builds them)
+            program, dp = program._flotilla_data_parallel()
         if not isinstance(program, Program):
             raise ExecutionError(f"Executor.run needs an ir.Program, got {type(program).__name__}")
+        run_instead = getattr(program, "_flotilla_run_instead", None)  # set by DistributeTranspiler.transpile
+        if run_instead is not None and _is_distributed_trainer():
+            raise UntranspiledProgramError(f"this distributed trainer was asked to run the program handed to "
+                                           f"DistributeTranspiler.transpile; run {run_instead} instead",
+                                           hint="untranspiled, a startup program initialises every parameter "
+                                                "locally and a main program trains alone, unseen by the rest of "
+                                                "the job")
         scope = scope if scope is not None else global_scope()
         feed = dict(feed or {})
-        fetch = [_fetch_name(f) for f in (fetch_list or [])]
         block = program.global_block()
+        fetch = [_trainer_copy_of(block, _fetch_name(f)) for f in (fetch_list or [])]
+        feed = expand_lod_feeds(block, feed)  # a LoD feed becomes its bucket-padded rows and its lengths
         checked = {name: self._check_feed(block, name, value) for name, value in feed.items()}
         plan = self._plan(program, tuple(sorted(feed)), tuple(fetch))
         # Feeds and temporaries live in a per-run scope: a later run that omits a feed fails instead of
@@ -116,15 +160,24 @@ class Executor:
         scope = _RunScope(scope, plan.persistable)
         for name, value in checked.items():
             scope.set_var(name, value)
-        self._execute(program, block, plan, scope)
-        plan.runs += 1
-        results = []
-        for name in fetch:
-            value = scope.find_var(name)
-            if value is None:
-                raise ExecutionError(f"fetch variable {name!r} was not computed by this run",
+        try:
+            self._execute(program, block, plan, scope, dp)
+            plan.runs += 1
+            results = []
+            for name in fetch:
+                value = scope.find_var(name)
+                if value is None:
+                    raise FetchError(f"fetch variable {name!r} was not computed by this run",
                                      hint="fetch a variable an op of the program writes, or one in the scope")
-            results.append(_to_numpy(value) if return_numpy else value)
+                value = local_value(value, batch=_is_batch(block, name, plan.persistable),
+                                    merge=name not in plan.persistable)
+                results.append(_to_numpy(value) if return_numpy else value)
+        except jax.errors.JaxRuntimeError as e:
+            if dp is None and plan.collective_nranks is None:
+                raise
+            from runtime.collective import describe_failure
+
+            raise describe_failure(e) from e  # a collective step failed: a peer died or hung up
         return results
 
     def run_block(self, program: Program, block_idx: int, scope: Scope) -> None:
@@ -154,25 +207,25 @@ class Executor:
     def _check_feed(self, block: Block, name: str, value: Any) -> Any:
         var = block.find_var_recursive(name)
         if var is None:
-            raise ExecutionError(f"feed variable {name!r} is not a variable of the program",
-                                 hint=suggest(name, block.vars) or "feed the names of layers.data variables")
+            raise FeedError(f"feed variable {name!r} is not a variable of the program",
+                            hint=suggest(name, block.vars) or "feed the names of layers.data variables")
         if isinstance(value, SelectedRows):
             return value
         if isinstance(value, np.ndarray) or hasattr(value, "dtype"):
             arr = value
             if str(arr.dtype) != var.dtype:
-                raise ExecutionError(
+                raise ShapeDtypeError(
                     f"feed {name!r} has dtype {arr.dtype}, expected {var.dtype}",
                     hint=f"convert it with .astype('{var.dtype}')")
         else:
             try:
                 arr = np.asarray(value, dtype=var.dtype)
             except (TypeError, ValueError) as e:
-                raise ExecutionError(f"feed {name!r} cannot be converted to {var.dtype}: {e}") from None
+                raise ShapeDtypeError(f"feed {name!r} cannot be converted to {var.dtype}: {e}") from None
         shape = tuple(arr.shape)
         if len(shape) != len(var.shape) or any(d >= 0 and d != s for d, s in zip(var.shape, shape)):
-            raise ExecutionError(f"feed {name!r} has shape {list(shape)}, expected {list(var.shape)} (-1: any)",
-                                 hint="reshape the batch to the variable's declared shape")
+            raise ShapeDtypeError(f"feed {name!r} has shape {list(shape)}, expected {list(var.shape)} (-1: any)",
+                                  hint="reshape the batch to the variable's declared shape")
         return arr  # handed to the compiled call as is: one transfer with the call, not one per feed
 
     # --- planning
@@ -190,10 +243,15 @@ class Executor:
     def _build_plan(self, program: Program, block: Block, fetch: tuple[str, ...]) -> _Plan:
         for name in fetch:
             if block.find_var_recursive(name) is None:
-                raise ExecutionError(f"fetch variable {name!r} is not a variable of the program",
-                                     hint=suggest(name, block.vars))
+                raise FetchError(f"fetch variable {name!r} is not a variable of the program",
+                                 hint=suggest(name, block.vars))
         groups: list[Any] = []
+        folded: dict[int, list[tuple[int, Operator]]] = {}  # id(pure group) → (position, delete_var op)
         for i, op in enumerate(block.ops):
+            if op.type == "delete_var" and groups and isinstance(groups[-1], list):
+                # Folded into the pure run it follows, which does not split (see _fold_deletes).
+                folded.setdefault(id(groups[-1]), []).append((len(groups[-1]), op))
+                continue
             if is_host_op(op.type):
                 groups.append(_HostStep(i, op))
                 continue
@@ -216,13 +274,29 @@ class Executor:
         for group in reversed(groups):
             if isinstance(group, _HostStep):
                 steps.append(group)
-                needed_later |= set(group.op.input_arg_names)
+                if group.op.type == "delete_var":
+                    needed_later -= set(group.op.input("X"))  # deleted: not needed before either
+                else:
+                    needed_later |= set(group.op.input_arg_names)
                 continue
-            run = self._make_run(program, block, group, needed_later, persistable)
+            deletes = folded.get(id(group), [])
+            dead = _fold_deletes(group, deletes) - set(fetch)
+            run = self._make_run(program, block, group, needed_later - dead, persistable - dead)
+            # Only names the scope may hold: a value the run made and does not return never reached it.
+            made = {n for _, op in group for n in op.output_arg_names} - set(run.reads)
+            erase = [n for _, op in deletes for n in op.input("X") if n not in run.outputs and n not in made]
+            if erase:
+                last = deletes[-1][1]
+                if erase != last.input("X"):  # a detached delete_var of just what the run does not return
+                    last = Operator(block, "delete_var", {"X": list(dict.fromkeys(erase))}, {}, dict(last.attrs))
+                steps.append(_HostStep(group[-1][0], last))
             steps.append(run)
             needed_later |= set(run.reads)
         steps.reverse()
-        return _Plan(steps, program.random_seed, frozenset(persistable), fetch=list(fetch))
+        nranks = [int(op.attr("nranks", 0)) for op in block.ops
+                  if op.type in _COLLECTIVE_OPS]
+        return _Plan(steps, program.random_seed, frozenset(persistable), fetch=list(fetch),
+                     collective_nranks=(max(nranks) if nranks else None))
 
     def _make_run(self, program: Program, block: Block, ops: list[tuple[int, Operator]],
                   needed_later: set[str], persistable: set[str]) -> _PureRun:
@@ -238,34 +312,95 @@ class Executor:
         outputs = [n for n in written if n in needed_later or n in persistable]
         donated = [n for n in reads if n in persistable and n in written]
         kept = [n for n in reads if n not in donated]
-        run = _PureRun(ops, reads, donated, kept, outputs)
-        run.fn = jax.jit(_trace_run(run, block), donate_argnums=(0,))
-        return run
+        batch = frozenset(n for n in reads + outputs if _is_batch(block, n, persistable))
+        return _PureRun(ops, reads, donated, kept, outputs, batch)
+
+    def _compile(self, run: _PureRun, block: Block, dp: Any) -> Any:
+        """One jitted function for ``run``; under ``shard_map`` over ``dp``'s mesh when given."""
+        if dp is None:
+            return jax.jit(_trace_run(run, block, None), donate_argnums=(0,))
+        from jax.sharding import PartitionSpec as P
+
+        from runtime.collective import AXIS
+
+        def specs(names: list[str]) -> tuple[Any, ...]:
+            return tuple(dp.spec(n in run.batch) for n in names)
+
+        body = jax.shard_map(_trace_run(run, block, AXIS), mesh=dp.mesh,
+                             in_specs=(specs(run.donated), specs(run.kept), P()),
+                             out_specs=specs(run.outputs), check_vma=False)
+        return jax.jit(body, donate_argnums=(0,))
+
+    def _data_parallel(self, plan: _Plan, dp: Any) -> Any:
+        """The mesh a plan's pure runs use: ``dp`` (a CompiledProgram's), one device per trainer process
+        for a block with collective ops, or None (an ordinary single-device run)."""
+        if dp is None and plan.collective_nranks is None:
+            return None
+        from runtime import collective
+
+        mesh = dp() if callable(dp) else dp if dp is not None else collective.process_mesh()
+        want = plan.collective_nranks
+        if want and want != mesh.nranks:
+            group = collective.current_group()
+            raise collective.CollectiveError(
+                f"the program was transpiled for {want} trainers, but this process runs in a group of "
+                f"{mesh.nranks} rank(s)" + ("" if group else " (it has not joined a trainer group)"),
+                hint="run the trainer startup program first (its gen_nccl_id joins the group), under "
+                     f"'flotilla launch --nproc_per_node {want}' or with PADDLE_TRAINER_ENDPOINTS listing "
+                     f"{want} trainers; a ParallelExecutor over several local devices needs the untranspiled "
+                     "program")
+        return mesh
 
     # --- execution
-    def _execute(self, program: Program, block: Block, plan: _Plan, scope: Scope) -> None:
+    def _execute(self, program: Program, block: Block, plan: _Plan, scope: Scope, dp: Any = None) -> None:
+        mesh: Any = False  # resolved at the first pure run (after gen_nccl_id may have formed the group)
         for step in plan.steps:
             if isinstance(step, _HostStep):
                 get_host_kernel(step.op.type)(HostContext(self, scope, program, block), step.op)
                 continue
-            donated = tuple(self._read(scope, block, step, n, donate=True) for n in step.donated)
-            kept = tuple(self._read(scope, block, step, n) for n in step.kept)
-            outs = step.fn(donated, kept, np.uint32(plan.runs))
+            if mesh is False:
+                mesh = self._data_parallel(plan, dp)
+            if step.fn is None or step.dp is not mesh:
+                step.fn, step.dp = self._compile(step, block, mesh), mesh
+            if mesh is None:
+                donated = tuple(self._read(scope, block, step, n, donate=True) for n in step.donated)
+                kept = tuple(self._read(scope, block, step, n) for n in step.kept)
+                outs = step.fn(donated, kept, np.uint32(plan.runs))
+            else:
+                outs = self._run_parallel(scope, block, step, mesh, plan)
             for name, value in zip(step.outputs, outs):
                 scope.set_var(name, value)
 
-    def _read(self, scope: Scope, block: Block, run: _PureRun, name: str, donate: bool = False) -> Any:
+    def _run_parallel(self, scope: Scope, block: Block, step: _PureRun, mesh: Any, plan: _Plan) -> Any:
+        def arg(name: str, donate: bool) -> Any:
+            value = mesh.to_global(self._read(scope, block, step, name, local=False), name in step.batch)
+            if name in plan.persistable:
+                scope.set_var(name, value)  # keep the global array: the next step takes it as it is
+            return value
+
+        donated = tuple(arg(n, True) for n in step.donated)
+        kept = tuple(arg(n, False) for n in step.kept)
+        return step.fn(donated, kept, mesh.to_global(np.uint32(plan.runs), False))
+
+    def _read(self, scope: Scope, block: Block, run: _PureRun, name: str, donate: bool = False,
+              local: bool = True) -> Any:
         value = scope.find_var(name)
         if value is None:
             var = block.find_var_recursive(name)
             reader = next((f"{_op_where(block, i, op)}" for i, op in run.ops if name in op.input_arg_names), "?")
             if var is not None and var.is_data:
-                raise ExecutionError(f"feed variable {name!r} is missing (read by {reader})",
-                                     hint=f"pass feed={{'{name}': ...}} to Executor.run")
+                raise FeedError(f"feed variable {name!r} is missing (read by {reader})",
+                                hint=f"pass feed={{'{name}': ...}} to Executor.run")
             if var is not None and var.persistable:
-                raise ExecutionError(f"persistable variable {name!r} is not initialised (read by {reader})",
-                                     hint="run the startup program first, or load the parameters")
-            raise ExecutionError(f"variable {name!r} has no value (read by {reader})")
+                raise UninitializedVariableError(
+                    f"persistable variable {name!r} is not initialised (read by {reader})",
+                    hint="run the startup program first, or load the parameters")
+            raise UninitializedVariableError(f"variable {name!r} has no value (read by {reader})")
+        if local and _on_mesh(value):
+            # A data-parallel run's value read by an ordinary run (e.g. evaluation on one trainer): use
+            # this process's own copy; a donated one is copied so the mesh's array stays intact.
+            value = local_value(value, batch=name in run.batch)
+            return jax.numpy.array(value, copy=True) if donate else value
         if isinstance(value, (jax.Array, SelectedRows)) or (isinstance(value, np.ndarray) and not donate):
             return value
         # A value set by the user (numpy, a Python number): keep a device copy, which can be donated.
@@ -274,14 +409,21 @@ class Executor:
         return value
 
 
-def _trace_run(run: _PureRun, block: Block) -> Any:
+def _trace_run(run: _PureRun, block: Block, axis: str | None) -> Any:
+    deletes_before = _deletes_before(block)
     ops = [(i, op, get_kernel(op.type), dict(op.attrs), _is_random(op)) for i, op in run.ops]
     program_seed = block.program.random_seed
 
     def fn(donated: tuple[Any, ...], kept: tuple[Any, ...], runs: Any) -> tuple[Any, ...]:
+        with collective_axis(axis):
+            return body(donated, kept, runs)
+
+    def body(donated: tuple[Any, ...], kept: tuple[Any, ...], runs: Any) -> tuple[Any, ...]:
         env: dict[str, Any] = dict(zip(run.donated, donated))
         env.update(zip(run.kept, kept))
         key = jax.random.fold_in(jax.random.PRNGKey(program_seed), runs) if any(r for *_, r in ops) else None
+        if key is not None and axis is not None:
+            key = jax.random.fold_in(key, jax.lax.axis_index(axis))
         for i, op, kern, attrs, random in ops:
             shape_only = shape_only_slots(op.type)
             ins = {slot: [env[n] if slot not in shape_only else _declared(block, n) for n in names
@@ -290,7 +432,8 @@ def _trace_run(run: _PureRun, block: Block) -> Any:
             if random:
                 # Fluid's dropout honours its seed only with fix_seed; other random ops always do.
                 op_seed = attrs.get("seed", 0) if attrs.get("fix_seed", True) else 0
-                ins[RNG_SLOT] = [jax.random.PRNGKey(op_seed) if op_seed else jax.random.fold_in(key, i)]
+                ins[RNG_SLOT] = [jax.random.PRNGKey(op_seed) if op_seed
+                                 else jax.random.fold_in(key, i - deletes_before[i])]
             try:
                 outs = kern(ins, attrs)
             except ExecutionError:
@@ -312,6 +455,54 @@ def _trace_run(run: _PureRun, block: Block) -> Any:
         return tuple(env[n] for n in run.outputs)
 
     return fn
+
+
+_COLLECTIVE_OPS = ("c_allreduce_sum", "c_broadcast", "c_local_sgd")
+
+
+def _deletes_before(block: Block) -> list[int]:
+    """For each op index, how many ``delete_var`` ops come before it (random keys skip them)."""
+    out, count = [], 0
+    for op in block.ops:
+        out.append(count)
+        count += op.type == "delete_var"
+    return out
+
+
+def _trainer_copy_of(block: Block, name: str) -> str:
+    """``name`` itself, or, when the program has no such variable but holds this trainer's copy of it (a
+    sync pserver trainer sends ``w@GRAD`` as ``w@GRAD.trainer_<id>``), that copy: users fetch the name
+    they wrote. The relation is read from the copy's ``copy_of``/``trainer_id``, never from the name."""
+    if block.find_var_recursive(name) is not None:
+        return name
+    copies = [v.name for v in block.vars.values() if v.copy_of == name and v.trainer_id is not None]
+    return copies[0] if len(copies) == 1 else name
+
+
+def _is_batch(block: Block, name: str, persistable: frozenset[str] | set[str]) -> bool:
+    """Batch-major: split along dim 0 over a data-parallel mesh (declared dim 0 is -1, not persistable)."""
+    if name in persistable:
+        return False
+    var = block.find_var_recursive(name)
+    return var is not None and bool(var.shape) and var.shape[0] == -1 and var.type != "selected_rows"
+
+
+def _on_mesh(value: Any) -> bool:
+    if isinstance(value, SelectedRows):
+        return _on_mesh(value.values)
+    return isinstance(value, jax.Array) and len(value.sharding.device_set) > 1
+
+
+def _fold_deletes(group: list[tuple[int, Operator]], deletes: list[tuple[int, Operator]]) -> set[str]:
+    """``delete_var`` ops folded into a pure run (``(position in the run, op)``): the names dead when the
+    run ends (deleted, and not written again by a later op of the run). The run does not return them,
+    and an erase step after it drops them (and any value of theirs from before the run) from the scope."""
+    dead: set[str] = set()
+    for pos, op in deletes:
+        for n in op.input("X"):
+            if not any(n in later.output_arg_names for _, later in group[pos:]):
+                dead.add(n)
+    return dead
 
 
 def _value_inputs(op: Operator) -> list[str]:
@@ -344,7 +535,15 @@ def _fetch_name(f: Any) -> str:
         return f.name
     if isinstance(f, str):
         return f
-    raise ExecutionError(f"fetch_list items must be variables or names, got {type(f).__name__} {f!r}")
+    raise FetchError(f"fetch_list items must be variables or names, got {type(f).__name__} {f!r}")
+
+
+def _is_distributed_trainer() -> bool:
+    """Whether this process's role (Paddle's environment variables) is a trainer of a distributed job."""
+    from runtime.role import role_from_env
+
+    role = role_from_env()
+    return role.is_trainer and (role.is_distributed or len(role.trainer_endpoints) > 1)
 
 
 def _to_numpy(value: Any) -> np.ndarray:

@@ -1,18 +1,50 @@
-"""Runtime flags from the environment, read once where a component is created (never in a hot path).
+"""Runtime flags and settings from the environment, read once where a component is created (never in a
+hot path), validated, and handed on in explicit objects.
 
-``FLAGS_rpc_deadline``        ms, deadline of every RPC and of the wait for pservers to come up (180000)
-``FLAGS_rpc_retry_times``     attempts of an idempotent RPC that failed UNAVAILABLE (3)
-``FLAGS_pserver_timeout_ms``  ms a pserver waits for a missing trainer before failing (120000); keep it
-                              below FLAGS_rpc_deadline so the pserver names the missing trainer first
+``FLAGS_rpc_deadline``          ms, deadline of every RPC and of the wait for pservers to come up (180000)
+``FLAGS_rpc_retry_times``       attempts of an idempotent RPC that failed UNAVAILABLE (3)
+``FLAGS_pserver_timeout_ms``    ms a pserver waits for a missing trainer before failing (120000); keep it
+                                below FLAGS_rpc_deadline so the pserver names the missing trainer first
+``FLAGS_pserver_allow_rejoin``  1: a restarted trainer (same id, new incarnation) rejoins at the next step
+                                boundary; 0: it is refused (FAILED_PRECONDITION) (1)
+``FLAGS_pserver_check_finite``  1: a pserver refuses gradients holding NaN or Inf; 0: no check (1)
+
+Trust (``rpc_security``):
+
+``FLOTILLA_JOB_TOKEN``       the job's shared secret. Every RPC carries it (metadata ``authorization:
+                             Bearer <token>``) and a pserver that has one answers UNAUTHENTICATED to any
+                             call without it, changing nothing. ``flotilla launch`` draws a random one per
+                             job and hands it to every process; set it by hand (the same value everywhere)
+                             for a job started across machines. Unset on a pserver: no check (as before
+                             this setting existed), so keep such a pserver on loopback or a private network.
+``FLOTILLA_TLS_CERT``/``FLOTILLA_TLS_KEY``  PEM certificate chain and key of this process: a pserver serves
+                             TLS with them; a trainer presents them as its client certificate.
+``FLOTILLA_TLS_CA``          PEM CA bundle: a trainer verifies pservers against it (and then uses TLS); a
+                             pserver given it requires and verifies client certificates (mutual TLS).
+``FLOTILLA_TLS_SERVER_NAME`` the name a trainer expects in pserver certificates (default: the endpoint's
+                             host).
+
+``FLOTILLA_CHECKPOINT_ROOT`` the directory a pserver saves checkpoints under; a CheckpointNotify may name only
+                             a checkpoint below it. A trainer's ``save_persistables`` names its checkpoint
+                             relative to the same root. Unset on a pserver: CheckpointNotify is refused.
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Mapping
 
 from ir.errors import FlotillaError
 
 DEFAULTS = {"FLAGS_rpc_deadline": 180_000, "FLAGS_rpc_retry_times": 3, "FLAGS_pserver_timeout_ms": 120_000}
+BOOL_DEFAULTS = {"FLAGS_pserver_allow_rejoin": True, "FLAGS_pserver_check_finite": True}
+
+TOKEN_ENV = "FLOTILLA_JOB_TOKEN"
+TLS_CERT_ENV = "FLOTILLA_TLS_CERT"
+TLS_KEY_ENV = "FLOTILLA_TLS_KEY"
+TLS_CA_ENV = "FLOTILLA_TLS_CA"
+TLS_SERVER_NAME_ENV = "FLOTILLA_TLS_SERVER_NAME"
+CHECKPOINT_ROOT_ENV = "FLOTILLA_CHECKPOINT_ROOT"
 
 
 class FlagError(FlotillaError):
@@ -32,3 +64,79 @@ def flag(name: str, environ: Mapping[str, str] | None = None) -> int:
     if value < 1:
         raise FlagError(f"{name}={value} must be at least 1", hint=f"unset it for the default {DEFAULTS[name]}")
     return value
+
+
+def bool_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """The value of the 0/1 flag ``name`` (its default when unset)."""
+    env = os.environ if environ is None else environ
+    raw = (env.get(name) or "").strip().lower()
+    if raw == "":
+        return BOOL_DEFAULTS[name]
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise FlagError(f"{name}={raw!r} is not 0 or 1", hint=f"unset it for the default {int(BOOL_DEFAULTS[name])}")
+
+
+@dataclass(frozen=True)
+class RPCSecurity:
+    """How the processes of a job trust each other on the wire (see the module docstring).
+
+    ``token`` None: no token is sent or checked. TLS is on for a server when ``cert`` and ``key`` are
+    given, for a client when ``ca`` is given. The PEM fields hold file contents (bytes), read once."""
+
+    token: str | None = None
+    cert: bytes | None = None
+    key: bytes | None = None
+    ca: bytes | None = None
+    server_name: str | None = None
+
+    def __repr__(self) -> str:  # never show the token or the key
+        return (f"RPCSecurity(token={'set' if self.token else None}, cert={'set' if self.cert else None}, "
+                f"key={'set' if self.key else None}, ca={'set' if self.ca else None}, "
+                f"server_name={self.server_name!r})")
+
+    @property
+    def server_tls(self) -> bool:
+        return self.cert is not None and self.key is not None
+
+    @property
+    def client_tls(self) -> bool:
+        return self.ca is not None
+
+
+def _read_pem(env: Mapping[str, str], name: str) -> bytes | None:
+    path = env.get(name) or ""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise FlagError(f"{name}={path!r} cannot be read: {e.strerror or e}",
+                        hint="point it at a readable PEM file, or unset it") from None
+
+
+def rpc_security(environ: Mapping[str, str] | None = None) -> RPCSecurity:
+    """The job's ``RPCSecurity`` from the environment (a set but unreadable file is an error, never a
+    silent fallback to plaintext)."""
+    env = os.environ if environ is None else environ
+    token = env.get(TOKEN_ENV)
+    if token is not None and token.strip() == "":
+        raise FlagError(f"{TOKEN_ENV} is set but empty", hint="unset it (no authentication) or give the job's token")
+    if token is not None and any(c.isspace() or not c.isprintable() for c in token):
+        raise FlagError(f"{TOKEN_ENV} holds blanks or control characters",
+                        hint="use printable characters only (flotilla launch draws a hex token)")
+    cert, key = _read_pem(env, TLS_CERT_ENV), _read_pem(env, TLS_KEY_ENV)
+    if (cert is None) != (key is None):
+        raise FlagError(f"only one of {TLS_CERT_ENV} and {TLS_KEY_ENV} is set", hint="set both, or neither")
+    return RPCSecurity(token=token, cert=cert, key=key, ca=_read_pem(env, TLS_CA_ENV),
+                       server_name=env.get(TLS_SERVER_NAME_ENV) or None)
+
+
+def checkpoint_root(environ: Mapping[str, str] | None = None) -> str | None:
+    """``FLOTILLA_CHECKPOINT_ROOT`` as an absolute path, or None when unset."""
+    env = os.environ if environ is None else environ
+    root = env.get(CHECKPOINT_ROOT_ENV) or ""
+    return os.path.abspath(root) if root else None

@@ -31,18 +31,28 @@ Without ``filename`` each variable is one file in ``dirname`` named ``var_filena
 ``%``, ``/`` and every character other than letters, digits, ``@ . _ -`` percent-encoded (and a leading
 ``.`` too), so the mapping is reversible (``name_from_filename``).
 
+Checkpoint parts (``save_checkpoint_part`` / ``load_checkpoint_part``; what a pserver saves on
+CheckpointNotify and loads on restart): the variable files are written into a temporary directory beside
+the target, each fsynced; ``MANIFEST.json`` (format, and per file its variable, size and sha256) is
+written last and fsynced; then the directory replaces the target by rename. A target that exists but is
+not a checkpoint part (no manifest) is never overwritten. Loading verifies the manifest first and refuses
+a torn checkpoint (no manifest, a file missing) or a tampered one (a size or checksum that differs).
+
 Invariants:
 - The round trip is bit-exact (raw bytes, NaN payloads included) for every dtype and for SelectedRows.
-- Files are written to a temporary name and renamed, so a crash never leaves a half-written file
-  under the final name.
+- Files are written to a temporary name, fsynced and renamed, so a crash never leaves a half-written
+  file under the final name.
 - Every failure is an ExecutionError naming the variable and the file and saying what was expected: a
   missing file, a variable missing from the scope on save, a type / dtype / shape that disagrees with
   the program's declaration on load (-1 matches any extent), a corrupt or truncated file.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
+import shutil
 import struct
 import zlib
 from typing import Any, Callable, Iterable, Sequence
@@ -214,6 +224,8 @@ def _write_atomic(path: str, data: bytes, overwrite: bool, name: str) -> None:
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
         raise ExecutionError(f"cannot save variable {name!r} to {path}: {e.strerror or e}") from None
@@ -414,15 +426,19 @@ def save_persistables(executor: Any, dirname: str, main_program: Program | None 
     if dist is None:
         save_vars(executor, dirname, program, predicate=is_persistable, filename=filename, scope=scope)
     elif dist[0] == "pserver":
-        save_vars(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
-                  filename=filename, scope=scope)
+        save_checkpoint_part(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
+                             filename=filename, scope=scope)
     else:
+        from runtime.flags import checkpoint_root
         from runtime.rpc.client import client_for
 
-        client_for(_executor(executor), dist[1]).checkpoint(dist[2], os.path.abspath(dirname))
+        root = checkpoint_root()
+        name = checkpoint_name(dirname, root)
+        client_for(_executor(executor), dist[1]).checkpoint(dist[2], name)
         present = scope if scope is not None else _global_scope()
         local = [v for v in _trainer_local_vars(program) if present.find_var(v.name) is not None]
-        save_vars(executor, _part_dir(dirname, dist), program, vars=local, filename=filename, scope=scope)
+        base = os.path.join(root, name) if root else dirname
+        save_vars(executor, _part_dir(base, dist), program, vars=local, filename=filename, scope=scope)
 
 
 def load_persistables(executor: Any, dirname: str, main_program: Program | None = None,
@@ -434,13 +450,126 @@ def load_persistables(executor: Any, dirname: str, main_program: Program | None 
     if dist is None:
         load_vars(executor, dirname, program, predicate=is_persistable, filename=filename, scope=scope)
     elif dist[0] == "pserver":
-        load_vars(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
-                  filename=filename, scope=scope)
+        load_checkpoint_part(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
+                             filename=filename, scope=scope)
     else:
         part = _part_dir(dirname, dist)
         local = [v for v in _trainer_local_vars(program)
                  if filename is None and os.path.exists(os.path.join(part, var_filename(v.name)))]
         load_vars(executor, part, program, vars=local, filename=filename, scope=scope)
+
+
+def checkpoint_name(dirname: str, root: str | None) -> str:
+    """The name a trainer sends in CheckpointNotify for ``dirname``: its path relative to the checkpoint
+    root (``FLOTILLA_CHECKPOINT_ROOT``), which the pservers share; a relative ``dirname`` is already one."""
+    if not dirname:
+        raise ExecutionError("save_persistables got an empty dirname", hint="name the checkpoint directory")
+    if not os.path.isabs(dirname):
+        return os.path.normpath(dirname)
+    if root is None:
+        raise ExecutionError(f"cannot checkpoint a distributed job into {dirname!r}: the pservers save only under "
+                             "their checkpoint root, and FLOTILLA_CHECKPOINT_ROOT is not set here",
+                             hint="set FLOTILLA_CHECKPOINT_ROOT (the same directory for every process of the job) "
+                                  "and save under it, or pass a path relative to it")
+    real_root, real = os.path.realpath(root), os.path.realpath(dirname)
+    if os.path.commonpath([real_root, real]) != real_root or real == real_root:
+        raise ExecutionError(f"cannot checkpoint into {dirname!r}: it is not below the checkpoint root {root!r}",
+                             hint="save under FLOTILLA_CHECKPOINT_ROOT, or pass a path relative to it")
+    return os.path.relpath(real, real_root)
+
+
+MANIFEST = "MANIFEST.json"
+MANIFEST_FORMAT = "flotilla-checkpoint-part-1"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _digest(path: str) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def save_checkpoint_part(executor: Any, path: str, main_program: Program, vars: Iterable[Any],
+                         filename: str | None = None, *, scope: Scope | None = None) -> None:
+    """Save ``vars`` as a checkpoint part at directory ``path``, atomically (see the module docstring)."""
+    path = os.path.abspath(path)
+    if os.path.lexists(path) and not (os.path.isdir(path) and os.path.isfile(os.path.join(path, MANIFEST))):
+        raise ExecutionError(f"cannot save a checkpoint at {path}: something that is not a checkpoint is there",
+                             hint="remove it or choose another checkpoint name; nothing was overwritten")
+    parent = os.path.dirname(path)
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(tmp)
+        save_vars(executor, tmp, main_program, vars=vars, filename=filename, scope=scope)
+        files = {}
+        for entry in sorted(os.listdir(tmp)):
+            size, sha = _digest(os.path.join(tmp, entry))
+            files[entry] = {"sha256": sha, "size": size}
+        manifest = json.dumps({"files": files, "format": MANIFEST_FORMAT}, indent=1, sort_keys=True).encode()
+        _write_atomic(os.path.join(tmp, MANIFEST), manifest, True, MANIFEST)
+        _fsync_dir(tmp)
+        old = None
+        if os.path.lexists(path):
+            old = f"{path}.old-{os.getpid()}-{secrets.token_hex(4)}"
+            os.rename(path, old)
+        os.rename(tmp, path)
+        _fsync_dir(parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        raise ExecutionError(f"cannot save a checkpoint at {path}: {e.strerror or e}") from None
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def verify_checkpoint_part(path: str) -> dict[str, Any]:
+    """The manifest of the checkpoint part at ``path`` once every file it lists has its size and sha256;
+    ExecutionError for a torn or tampered part."""
+    manifest_path = os.path.join(path, MANIFEST)
+    hint = "the save did not finish or the files were changed since: load an intact checkpoint"
+    try:
+        with open(manifest_path, "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise ExecutionError(f"checkpoint {path} is torn or not a checkpoint: it has no {MANIFEST}",
+                             hint=hint) from None
+    except (OSError, ValueError) as e:
+        raise ExecutionError(f"checkpoint {path}: {MANIFEST} cannot be read: {e}", hint=hint) from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if manifest.get("format") != MANIFEST_FORMAT or not isinstance(files, dict):
+        raise ExecutionError(f"checkpoint {path}: {MANIFEST} is not a {MANIFEST_FORMAT} manifest", hint=hint)
+    for entry, want in sorted(files.items()):
+        file = os.path.join(path, entry)
+        if os.path.basename(entry) != entry or not isinstance(want, dict):
+            raise ExecutionError(f"checkpoint {path}: {MANIFEST} lists a bad entry {entry!r}", hint=hint)
+        if not os.path.isfile(file):
+            raise ExecutionError(f"checkpoint {path} is torn: {entry} is missing", hint=hint)
+        size, sha = _digest(file)
+        if size != want.get("size") or sha != want.get("sha256"):
+            raise ExecutionError(f"checkpoint {path} was tampered with or damaged: {entry} has {size} bytes "
+                                 f"and sha256 {sha[:16]}..., the manifest says {want.get('size')} bytes and "
+                                 f"{str(want.get('sha256'))[:16]}...", hint=hint)
+    return manifest
+
+
+def load_checkpoint_part(executor: Any, path: str, main_program: Program, vars: Iterable[Any],
+                         filename: str | None = None, *, scope: Scope | None = None) -> None:
+    """Verify the checkpoint part at ``path`` (``verify_checkpoint_part``), then load ``vars`` from it."""
+    verify_checkpoint_part(path)
+    load_vars(executor, path, main_program, vars=vars, filename=filename, scope=scope)
 
 
 def distributed_role(program: Program) -> tuple[str, int, list[str]] | None:

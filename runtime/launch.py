@@ -6,13 +6,19 @@ Parameter-server mode starts pservers and trainers on this machine::
                              [--stop_timeout S] train.py [script args...]
     python -m runtime.launch --servers 127.0.0.1:6174,127.0.0.1:6175 --workers 127.0.0.1,127.0.0.1 train.py
 
-collective mode starts N trainers that know each other's endpoints (no pservers)::
+collective mode starts N trainers that know each other's endpoints (no pservers); trainer 0's endpoint
+is the group's rendezvous and coordinator::
 
     python -m runtime.launch --nproc_per_node 2 train.py
+    python -m runtime.launch --trainers 127.0.0.1:6170,127.0.0.1:6171 train.py
+    python -m runtime.launch --gpus 0,1 train.py        # one trainer a GPU, FLAGS_selected_gpus=<its GPU>
 
 Each child gets Paddle's variables (``TRAINING_ROLE``, ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``,
 ``PADDLE_PSERVERS_IP_PORT_LIST``, ``PADDLE_CURRENT_ENDPOINT``, ``PADDLE_PORT``, ``POD_IP``,
-``PADDLE_TRAINER_ENDPOINTS``; ``runtime.role.role_from_env`` reads them back) and ``PYTHONUNBUFFERED=1``.
+``PADDLE_TRAINER_ENDPOINTS``; ``runtime.role.role_from_env`` reads them back) and ``PYTHONUNBUFFERED=1``,
+and the job token ``FLOTILLA_JOB_TOKEN``: a fresh random one per job (never printed), or the launcher's
+own when it is set (a job spanning machines sets the same value everywhere by hand); the pservers then
+answer UNAUTHENTICATED to any call without it (``runtime.flags``).
 Its output lines (stdout and stderr together) are echoed on the launcher's stdout tagged
 ``[pserver.0] `` / ``[trainer.1] ``, and written to ``DIR/serverlog.<i>`` / ``DIR/workerlog.<i>`` with
 ``--log_dir``. The launcher's own lines are tagged ``[launch] ``.
@@ -20,7 +26,8 @@ Its output lines (stdout and stderr together) are echoed on the launcher's stdou
 Ending: when every trainer has exited 0 the pservers get ``--stop_timeout`` seconds to exit by
 themselves (Flotilla's pservers exit 0 once every trainer has sent Complete); any still running are
 stopped. When any process exits non-zero the launcher names it (tag, pid, exit code, its last lines) and
-stops all the others. SIGINT/SIGTERM to the launcher stop the job. A summary line lists every process.
+stops all the others; a child it then finds stopped (SIGSTOP/SIGTSTP) is named first, as the cause (the
+others only timed out waiting for it). SIGINT/SIGTERM to the launcher stop the job. A summary line lists every process.
 
 Exit status: 0 every process exited 0 by itself; 1 a process failed, could not start, or had to be
 stopped; 2 a usage error (nothing was started); 128+N the launcher got signal N.
@@ -40,6 +47,7 @@ import argparse
 import collections
 import math
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -50,6 +58,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO, Mapping, NoReturn, Sequence
 
+from runtime.flags import TOKEN_ENV as JOB_TOKEN_ENV
 from runtime.role import (LaunchError, ROLE_ENV_VARS, format_endpoint, parse_endpoint, parse_endpoint_list)
 
 PROG = "python -m runtime.launch"
@@ -94,6 +103,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     coll = parser.add_argument_group("collective mode")
     coll.add_argument("--nproc_per_node", type=int, default=None, metavar="N",
                       help="start N trainers with PADDLE_TRAINER_ENDPOINTS set and no pservers")
+    coll.add_argument("--trainers", default=None, metavar="IP:PORT,...",
+                      help="the collective trainers' endpoints (instead of --nproc_per_node)")
+    coll.add_argument("--gpus", "--selected_gpus", dest="gpus", default=None, metavar="I,J,...",
+                      help="one trainer a GPU: trainer k gets FLAGS_selected_gpus=<k-th id>")
     parser.add_argument("--log_dir", default=None, metavar="DIR",
                         help="write each process's output to DIR/serverlog.<i> or DIR/workerlog.<i>")
     parser.add_argument("--started_port", type=int, default=None, metavar="P",
@@ -170,12 +183,25 @@ def plan_job(args: argparse.Namespace) -> JobPlan:
         raise _usage(f"--started_port is {args.started_port}: expected a port in 1..65535")
     ps_flags = [f for f, v in (("--server_num", args.server_num), ("--worker_num", args.worker_num),
                                ("--servers", args.servers), ("--workers", args.workers)) if v is not None]
-    if args.nproc_per_node is not None:
+    gpus = _gpu_ids(args.gpus) if args.gpus is not None else None
+    coll_flags = [f for f, v in (("--nproc_per_node", args.nproc_per_node), ("--trainers", args.trainers),
+                                 ("--gpus", args.gpus)) if v is not None]
+    if coll_flags:
         if ps_flags:
-            raise _usage(f"--nproc_per_node (collective mode) cannot be combined with {', '.join(ps_flags)} "
+            raise _usage(f"{', '.join(coll_flags)} (collective mode) cannot be combined with {', '.join(ps_flags)} "
                          "(parameter-server mode)", hint="choose one mode")
         servers: list[tuple[str, int | None]] = []
-        workers = [(LOCAL_HOST, None)] * _count(args.nproc_per_node, "--nproc_per_node")
+        if args.trainers is not None:
+            workers = [parse_endpoint(ep, "--trainers") for ep in parse_endpoint_list(args.trainers, "--trainers")]
+        else:
+            count = args.nproc_per_node if args.nproc_per_node is not None else len(gpus or [])
+            workers = [(LOCAL_HOST, None)] * _count(count, "--nproc_per_node")
+        if args.nproc_per_node is not None and len(workers) != args.nproc_per_node:
+            raise _usage(f"--nproc_per_node {args.nproc_per_node} but --trainers lists {len(workers)} endpoint(s)",
+                         hint="give one of them, or make them agree")
+        if gpus is not None and len(gpus) != len(workers):
+            raise _usage(f"--gpus lists {len(gpus)} GPU(s) for {len(workers)} trainer(s)",
+                         hint="one GPU a trainer: as many ids as trainers")
         mode = "collective"
     else:
         if not ps_flags:
@@ -216,11 +242,24 @@ def plan_job(args: argparse.Namespace) -> JobPlan:
 
     processes = [ProcessSpec(f"{PSERVER_KIND}.{i}", PSERVER_KIND, i, pserver_env(server_eps, worker_eps, i),
                              f"serverlog.{i}") for i in range(len(server_eps))]
-    processes += [ProcessSpec(f"{TRAINER_KIND}.{i}", TRAINER_KIND, i, trainer_env(server_eps, worker_eps, i),
+    processes += [ProcessSpec(f"{TRAINER_KIND}.{i}", TRAINER_KIND, i,
+                              {**trainer_env(server_eps, worker_eps, i),
+                               **({"FLAGS_selected_gpus": str(gpus[i])} if gpus is not None else {})},
                               f"workerlog.{i}") for i in range(len(worker_eps))]
     return JobPlan(mode=mode, pserver_endpoints=server_eps, trainer_endpoints=worker_eps,
                    processes=tuple(processes), script=script, script_args=tuple(args.training_script_args),
                    log_dir=args.log_dir, stop_timeout=float(args.stop_timeout))
+
+
+def _gpu_ids(text: str) -> list[int]:
+    """``--gpus 0,1``: distinct non-negative GPU ids."""
+    items = [t.strip() for t in text.split(",")]
+    if not items or any(not t.isdigit() for t in items):
+        raise _usage(f"--gpus {text!r} is not a list of GPU ids", hint="e.g. --gpus 0,1")
+    ids = [int(t) for t in items]
+    if len(set(ids)) != len(ids):
+        raise _usage(f"--gpus {text!r} names a GPU twice", hint="one trainer a GPU")
+    return ids
 
 
 def _servers(args: argparse.Namespace) -> list[tuple[str, int | None]]:
@@ -268,11 +307,20 @@ def trainer_env(server_eps: Sequence[str], worker_eps: Sequence[str], index: int
             **_own_endpoint_env(worker_eps[index])}
 
 
-def child_environ(base: Mapping[str, str], role_env: dict[str, str]) -> dict[str, str]:
-    """A child's whole environment: ``base`` without any inherited role variable, plus ``role_env``."""
+def new_job_token() -> str:
+    """A fresh random job token (256 bits, hex)."""
+    return secrets.token_hex(32)
+
+
+def child_environ(base: Mapping[str, str], role_env: dict[str, str], token: str | None = None) -> dict[str, str]:
+    """A child's whole environment: ``base`` without any inherited role variable, plus ``role_env``, plus
+    the job token ``FLOTILLA_JOB_TOKEN`` (``token``, unless ``base`` already has one: a job spanning
+    machines sets the same token by hand everywhere)."""
     env = {k: v for k, v in base.items() if k not in ROLE_ENV_VARS}
     env.update(role_env)
     env["PYTHONUNBUFFERED"] = "1"
+    if token is not None and not base.get(JOB_TOKEN_ENV):
+        env[JOB_TOKEN_ENV] = token
     return env
 
 
@@ -443,6 +491,17 @@ class _Signals:
             signal.signal(signum, old)  # type: ignore[arg-type]
 
 
+def _is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (Linux ``/proc``; False where it cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]  # the field after "(comm)"
+    return state in (b"T", b"t")
+
+
 def _describe(child: _Child) -> str:
     rc = child.returncode
     if rc is None:
@@ -467,6 +526,8 @@ class _Job:
         self.out = out
         self.signals = signals
         self.children: list[_Child] = []
+        self.token = new_job_token()  # one per job; never printed
+        self.stuck: set[str] = set()  # tags of children found stopped when the job failed
 
     def start(self) -> None:
         command = [sys.executable, self.plan.script, *self.plan.script_args]
@@ -475,7 +536,8 @@ class _Job:
             if self.plan.log_dir is not None:
                 log = open(os.path.join(self.plan.log_dir, spec.log_name), "wb")
             try:
-                popen = subprocess.Popen(command, env=child_environ(os.environ, spec.env), stdin=subprocess.DEVNULL,
+                popen = subprocess.Popen(command, env=child_environ(os.environ, spec.env, self.token),
+                                         stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
             except OSError:
                 if log is not None:
@@ -530,6 +592,14 @@ class _Job:
         return [c for c in self.children if c.observe() is None]
 
     def _report_failure(self, child: _Child) -> None:
+        # A stopped process (SIGSTOP/SIGTSTP) fails nobody by itself: the processes waiting for it time out
+        # and exit first. Name the stopped one as the cause, before the one that merely noticed.
+        stuck = [c for c in self.children if c is not child and c.observe() is None and _is_stopped(c.pid)]
+        for c in stuck:
+            self.stuck.add(c.spec.tag)
+            self.out.status(f"{c.spec.tag} (pid {c.pid}) is stopped (SIGSTOP or SIGTSTP) and makes no progress: "
+                            f"it is the process that hung the job; {child.spec.tag} failed waiting for it",
+                            error=True)
         if child.reader is not None:
             child.reader.join(timeout=2.0)  # let its last lines arrive
         lines = [f"{child.spec.tag} (pid {child.pid}) failed with exit code {child.returncode}; stopping the job"]
@@ -577,7 +647,8 @@ class _Job:
                 child.log.close()
 
     def summary(self) -> str:
-        return "summary: " + ", ".join(_describe(c) for c in self.children)
+        return "summary: " + ", ".join(_describe(c) + (" (was stopped: the cause)" if c.spec.tag in self.stuck else "")
+                                       for c in self.children)
 
 
 def run_job(plan: JobPlan, out: IO[str] | None = None, err: IO[str] | None = None) -> int:

@@ -45,6 +45,7 @@ ROLE_ENV_VARS = (
     "POD_IP",
     "PADDLE_PORT",
     "PADDLE_TRAINER_ENDPOINTS",
+    "FLAGS_selected_gpus",
 )
 
 _ENDPOINT_HINT = "write an endpoint as host:port (e.g. 127.0.0.1:6174) and a list as host:port,host:port"

@@ -3,9 +3,15 @@
 A Scope holds jax arrays (or SelectedRows) by variable name; child scopes see their parent's variables.
 SelectedRows is a JAX pytree, so it flows through ``jax.jit`` like any array: ``rows`` are row indices
 into a ``height``-row dense tensor (duplicates allowed: they add up), ``values`` holds one row each.
+``scope_guard(scope)`` makes ``global_scope()`` return ``scope`` inside a ``with`` block, as in Fluid.
+
+The runtime's errors live here, under one base ``ExecutionError`` (E600): ``FeedError`` (E681),
+``FetchError`` (E682), ``ShapeDtypeError`` (E683), ``UninitializedVariableError`` (E684) and
+``UntranspiledProgramError`` (E685); ``except ExecutionError`` catches them all.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -16,11 +22,41 @@ from ir.errors import FlotillaError
 from ir.ops.registry import suggest
 
 
-class RuntimeError_(FlotillaError):
+class ExecutionError(FlotillaError):
+    """The base of every error the runtime raises while running a program (codes E600, E681-E685)."""
+
     code = "E600"
 
 
-ExecutionError = RuntimeError_
+class FeedError(ExecutionError):
+    """A feed names no variable of the program, or a variable the program reads was not fed."""
+
+    code = "E681"
+
+
+class FetchError(ExecutionError):
+    """A fetch names no variable of the program, or one this run did not compute."""
+
+    code = "E682"
+
+
+class ShapeDtypeError(ExecutionError):
+    """A value's shape or dtype disagrees with the variable's declaration (a feed, a loaded file)."""
+
+    code = "E683"
+
+
+class UninitializedVariableError(ExecutionError):
+    """A variable is read before anything gave it a value (e.g. the startup program has not run)."""
+
+    code = "E684"
+
+
+class UntranspiledProgramError(ExecutionError):
+    """A distributed trainer was asked to run a program that was handed to ``DistributeTranspiler.transpile``
+    instead of the program the transpiler made from it."""
+
+    code = "E685"
 
 
 @jax.tree_util.register_pytree_node_class
@@ -76,7 +112,8 @@ class Scope:
     def var(self, name: str) -> Any:
         value = self.find_var(name)
         if value is None:
-            raise ExecutionError(f"variable {name!r} is not in the scope", hint=suggest(name, self.local_var_names()))
+            raise UninitializedVariableError(f"variable {name!r} is not in the scope",
+                                             hint=suggest(name, self.local_var_names()))
         return value
 
     def erase(self, names: list[str]) -> None:
@@ -106,4 +143,19 @@ _global_scope = Scope()
 
 
 def global_scope() -> Scope:
+    """The scope ``Executor.run`` uses when given none (``scope_guard`` swaps it)."""
     return _global_scope
+
+
+@contextlib.contextmanager
+def scope_guard(scope: Scope) -> Iterator[None]:
+    """Fluid's ``scope_guard``: ``global_scope()`` is ``scope`` inside the ``with`` block."""
+    global _global_scope
+    if not isinstance(scope, Scope):
+        raise ExecutionError(f"scope_guard needs a Scope, got {type(scope).__name__}",
+                             hint="pass runtime.Scope() (or fluid.Scope())")
+    old, _global_scope = _global_scope, scope
+    try:
+        yield
+    finally:
+        _global_scope = old

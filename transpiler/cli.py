@@ -7,15 +7,24 @@ with ``register_command``):
 - ``flotilla verify PROGRAM``: prints ``ok: N blocks, M ops`` (exit 0) or every problem (exit 1)
 - ``flotilla diff A B``: variable- and op-level differences per block; exit 0 when identical, 1 when
   different, as diff(1) does
-- ``flotilla graph PROGRAM -o FILE.dot|.svg|.png [--block N]`` (svg/png through Graphviz's ``dot``)
+- ``flotilla graph PROGRAM -o FILE.dot|.svg|.png [--block N] [--role forward|backward|optimize|rpc]...
+  [--ops-only]`` (svg/png through Graphviz's ``dot``): ops clustered by role, persistable variables in one
+  table at the side (see ``ir.export``); ``flotilla graph --job DIR -o FILE`` draws a transpile output
+  directory: which trainer send reaches which pserver block
 - ``flotilla transpile MAIN --startup STARTUP --pservers EP,EP --trainers N [--trainer-id I] [--async]
-  [--split-method round_robin|hash_name] [--min-block-size N] [--no-slice] -o DIR``: writes every role's
+  [--split-method round_robin|hash_name] [--min-block-size N] [--no-slice] -o DIR``, or in the collective
+  modes ``flotilla transpile MAIN --startup STARTUP --mode nccl2|collective --trainers EP,EP
+  [--collective-mode grad_allreduce|local_sgd] [--fuse-grad-size-mb M] [--local-sgd-steps K] -o DIR``
+  (``--trainers`` then lists every trainer's endpoint, as Fluid's nccl2 mode takes it): writes every role's
   main and startup programs as ``ROLE.main.pb``/``.txt`` and ``ROLE.startup.pb``/``.txt`` into DIR (the
   role made filesystem-safe: ``pserver@127.0.0.1:6174`` → ``pserver@127.0.0.1_6174``); without
   ``--trainer-id`` every trainer's programs are written
 - ``flotilla plan`` (the same inputs, no ``-o``) ``[--format text|dot|png] [--output FILE]``: which
   parameter block goes to which pserver (param, block, rows, shape, bytes, endpoint), bytes per pserver
   and the balance (max/mean bytes per pserver); png through Graphviz's ``dot``
+- ``flotilla memory PROGRAM [--level 0|1] [--skip-grads] [--skip NAME]... [--batch-size N] [-o FILE]``:
+  ``memory_optimize`` the program: peak live bytes by the liveness estimate before and after, then one
+  line per variable reused; ``-o`` also writes the rewritten program
 - ``flotilla launch [--server_num N --worker_num M | --servers ... --workers ... | --nproc_per_node N]
   [--log_dir DIR] [--started_port P] [--stop_timeout S] SCRIPT [ARGS...]``: ``runtime.launch`` (its
   arguments, help and exit statuses)
@@ -46,7 +55,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from ir.core import Block, Program
 from ir.errors import FlotillaError, VerifyError
-from ir.export import program_to_dot, program_to_json
+from ir.export import ROLE_GROUPS, job_to_dot, program_to_dot, program_to_json
 from ir.parser import parse_program
 from ir.printer import format_block, format_op, format_program, format_var
 from ir.serialize import is_program_bytes, program_from_bytes
@@ -277,10 +286,34 @@ def _run_diff(args: argparse.Namespace) -> int:
 
 
 def _configure_graph(p: argparse.ArgumentParser) -> None:
-    p.add_argument("program", metavar="PROGRAM", help="a program file, text or protobuf")
+    p.add_argument("program", metavar="PROGRAM",
+                   help="a program file, text or protobuf (with --job: a directory `flotilla transpile -o` wrote)")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="where to write: FILE.dot, or FILE.svg / FILE.png (needs Graphviz's dot)")
     p.add_argument("--block", type=int, default=0, metavar="N", help="which block to draw (default: 0)")
+    p.add_argument("--role", action="append", choices=ROLE_GROUPS, dest="roles", default=None,
+                   help="draw only the ops of this role group (repeat for several; default: all)")
+    p.add_argument("--ops-only", action="store_true", dest="ops_only",
+                   help="draw ops only, each linked to the ops whose results it reads (no variable nodes)")
+    p.add_argument("--job", action="store_true",
+                   help="PROGRAM is a transpile output directory: draw which trainer send reaches which pserver "
+                        "block")
+
+
+def _job_programs(directory: str) -> dict[str, Program]:
+    """Role → main program of every ``ROLE.main.pb`` in ``directory`` (trainers first, by id)."""
+    if not os.path.isdir(directory):
+        raise UsageError(f"{directory}: not a directory; --job draws what `flotilla transpile -o DIR` wrote")
+    suffix = ".main.pb"
+    stems = sorted(f[:-len(suffix)] for f in os.listdir(directory) if f.endswith(suffix))
+    if not stems:
+        raise UsageError(f"{directory}: no ROLE{suffix} files; write them with `flotilla transpile ... -o {directory}`")
+
+    def order(stem: str) -> tuple[int, int, str]:
+        m = re.fullmatch(r"trainer\.(\d+)", stem)
+        return (0, int(m.group(1)), stem) if m else (1, 0, stem)
+
+    return {stem: load_any_program(os.path.join(directory, stem + suffix)) for stem in sorted(stems, key=order)}
 
 
 def _run_graph(args: argparse.Namespace) -> int:
@@ -294,9 +327,14 @@ def _run_graph(args: argparse.Namespace) -> int:
         if dot_exe is None:
             raise UsageError(f"cannot write {args.output}: Graphviz's dot is not installed (not found on PATH); "
                              "write a .dot file instead (-o FILE.dot) and render it with Graphviz elsewhere")
-    program = load_any_program(args.program)
-    _checked_block(program, args.block, args.program)
-    dot_text = program_to_dot(program, block_idx=args.block)
+    if args.job:
+        if args.roles or args.ops_only or args.block:
+            raise UsageError("--job draws the whole job; it takes no --block, --role or --ops-only")
+        dot_text = job_to_dot(_job_programs(args.program))
+    else:
+        program = load_any_program(args.program)
+        _checked_block(program, args.block, args.program)
+        dot_text = program_to_dot(program, block_idx=args.block, roles=args.roles, ops_only=args.ops_only)
     if dot_exe is None:
         try:
             with open(args.output, "w", encoding="utf-8") as f:
@@ -304,15 +342,7 @@ def _run_graph(args: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"cannot write {args.output}: {e.strerror or e}") from None
         return EXIT_OK
-    try:
-        done = subprocess.run([dot_exe, f"-T{ext[1:]}", "-o", args.output], input=dot_text.encode("utf-8"),
-                              capture_output=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise UsageError(f"cannot write {args.output}: running Graphviz's dot failed: {e}") from None
-    if done.returncode != 0:
-        detail = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise UsageError(f"cannot write {args.output}: Graphviz's dot exited with status {done.returncode}"
-                         + (f": {detail[0]}" if detail else ""))
+    _render_dot(dot_exe, dot_text, ext[1:], args.output)
     return EXIT_OK
 
 
@@ -332,9 +362,18 @@ def role_file_stem(role: str) -> str:
 def _configure_transpile_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("main", metavar="MAIN", help="the training program (main), text or protobuf")
     p.add_argument("--startup", required=True, metavar="STARTUP", help="its startup program, text or protobuf")
-    p.add_argument("--pservers", required=True, metavar="EP,EP",
-                   help="comma-separated pserver endpoints host:port")
-    p.add_argument("--trainers", required=True, type=int, metavar="N", help="number of trainers")
+    p.add_argument("--pservers", default=None, metavar="EP,EP",
+                   help="comma-separated pserver endpoints host:port (pserver mode)")
+    p.add_argument("--trainers", required=True, metavar="N|EP,EP",
+                   help="number of trainers (pserver mode), or every trainer's endpoint (nccl2/collective)")
+    p.add_argument("--mode", choices=("pserver", "nccl2", "collective"), default="pserver",
+                   help="parameter servers (default), or allreduce among the trainers")
+    p.add_argument("--collective-mode", choices=("grad_allreduce", "local_sgd"), default="grad_allreduce",
+                   dest="collective_mode", help="collective modes: average gradients, or parameters every K steps")
+    p.add_argument("--fuse-grad-size-mb", type=float, default=32.0, metavar="M", dest="fuse_grad_size_mb",
+                   help="collective modes: gradient bucket size in MiB, 0 for one allreduce a gradient (default 32)")
+    p.add_argument("--local-sgd-steps", type=int, default=1, metavar="K", dest="local_sgd_steps",
+                   help="local_sgd: steps between parameter averagings (default 1)")
     p.add_argument("--trainer-id", type=int, default=None, metavar="I", dest="trainer_id",
                    help="the trainer to build (default: transpile: every trainer; plan: 0)")
     p.add_argument("--async", action="store_true", dest="async_mode", help="asynchronous training (no barriers)")
@@ -366,7 +405,10 @@ def _transpile(args: argparse.Namespace, trainer_ids: Sequence[int]) -> _Transpi
     startup = load_any_program(args.startup)
     split = HashName if args.split_method == "hash_name" else RoundRobin
     config = DistributeTranspilerConfig(slice_var_up=not args.no_slice, split_method=split,
-                                        min_block_size=args.min_block_size, wait_port=False)
+                                        min_block_size=args.min_block_size, wait_port=False, mode=args.mode,
+                                        collective_mode=args.collective_mode if args.mode != "pserver" else None,
+                                        fuse_grad_size_in_MB=args.fuse_grad_size_mb,
+                                        local_sgd_steps=args.local_sgd_steps)
     programs = ProgramSet()
     pservers: list[tuple[str, Program, Program]] = []
     plan = None
@@ -376,7 +418,7 @@ def _transpile(args: argparse.Namespace, trainer_ids: Sequence[int]) -> _Transpi
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # reported once, below, as `flotilla: warning:` lines
-                t.transpile(trainer_id, program=main, pservers=args.pservers, trainers=args.trainers,
+                t.transpile(trainer_id, program=main, pservers=args.pservers, trainers=args.trainer_arg,
                             sync_mode=not args.async_mode, startup_program=startup)
         except VerifyError as e:
             raise UsageError(f"the transpiled programs do not verify: {e.problems[0]}"
@@ -402,8 +444,24 @@ def _warn(notes: Sequence[str]) -> None:
 
 
 def _check_trainer_id(args: argparse.Namespace) -> None:
-    """Range-check ``--trainer-id`` against ``--trainers`` (the façade checks them too, but names the
-    Python arguments; this names the flags)."""
+    """Read ``--trainers`` for the mode (a count, or the trainers' endpoints) into ``args.trainers`` (the
+    count) and ``args.trainer_arg`` (what ``transpile`` takes), and range-check ``--trainer-id`` against
+    it (the façade checks them too, but names the Python arguments; this names the flags)."""
+    text = str(args.trainers).strip()
+    if args.mode == "pserver":
+        if args.pservers is None:
+            raise UsageError("--pservers is required in pserver mode",
+                             hint="give --pservers EP,EP, or --mode nccl2 with --trainers EP,EP")
+        if not text.isdigit():
+            raise UsageError(f"--trainers {text!r}: expected the number of trainers in pserver mode",
+                             hint="e.g. --trainers 2 (endpoints are for --mode nccl2)")
+        args.trainers = args.trainer_arg = int(text)
+    else:
+        if text.isdigit():
+            raise UsageError(f"--trainers {text}: --mode {args.mode} needs every trainer's endpoint",
+                             hint="e.g. --trainers 127.0.0.1:6170,127.0.0.1:6171")
+        args.trainer_arg = text
+        args.trainers = len([e for e in text.split(",") if e.strip()])
     if args.trainers < 1:
         raise UsageError(f"--trainers {args.trainers}: expected at least 1 trainer")
     if args.trainer_id is not None and not 0 <= args.trainer_id < args.trainers:
@@ -451,9 +509,13 @@ def _run_transpile(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"cannot write into {out_dir}: {e.strerror or e}") from None
     plan = result.plan
-    head = (f"transpiled {args.main}: {len(plan.pservers)} pserver(s), {plan.trainers} trainer(s), "
-            f"{'sync' if plan.sync_mode else 'async'}, {args.split_method}, "
-            f"{'min_block_size ' + str(plan.min_block_size) if plan.slice_var_up else 'no slicing'}")
+    if args.mode != "pserver":
+        head = (f"transpiled {args.main}: {args.mode} ({args.collective_mode}), {plan.trainers} trainer(s), "
+                f"gradient buckets of {args.fuse_grad_size_mb:g} MiB")
+    else:
+        head = (f"transpiled {args.main}: {len(plan.pservers)} pserver(s), {plan.trainers} trainer(s), "
+                f"{'sync' if plan.sync_mode else 'async'}, {args.split_method}, "
+                f"{'min_block_size ' + str(plan.min_block_size) if plan.slice_var_up else 'no slicing'}")
     _warn(result.warnings)
     _write_stdout("\n".join([head, *lines, f"wrote {4 * len(stems)} files to {out_dir}"]) + "\n")
     return EXIT_OK
@@ -588,6 +650,9 @@ def _configure_plan(p: argparse.ArgumentParser) -> None:
 
 def _run_plan(args: argparse.Namespace) -> int:
     _check_trainer_id(args)
+    if args.mode != "pserver":
+        raise UsageError(f"plan shows where parameter blocks live on pservers; --mode {args.mode} has none",
+                         hint="use 'flotilla transpile --mode nccl2 ... -o DIR' to see the trainer programs")
     dot_exe = None
     if args.format == "png":
         if args.output is None:
@@ -647,6 +712,53 @@ def _run_launch(args: argparse.Namespace) -> int:
     return launch(args.launch_args, prog=f"{PROG} launch")
 
 
+# --- memory --------------------------------------------------------------------------------------------
+
+
+def _configure_memory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", metavar="PROGRAM", help="a program file, text or protobuf")
+    p.add_argument("--level", type=int, choices=(0, 1), default=0,
+                   help="0: reuse a dead variable of the same dtype and shape; 1: of the same dtype, at least as "
+                   "large (default: 0)")
+    p.add_argument("--skip-grads", action="store_true", dest="skip_grads",
+                   help="never reuse parameter gradients (use before transpiling for parameter servers)")
+    p.add_argument("--skip", action="append", default=[], metavar="NAME",
+                   help="a variable to leave alone (skip_opt_set); repeatable")
+    p.add_argument("--batch-size", type=int, default=1, metavar="N", dest="batch_size",
+                   help="size of the -1 (batch) extents in the byte estimate (default: 1)")
+    p.add_argument("-o", "--output", default=None, metavar="FILE",
+                   help="also write the rewritten program: protobuf for FILE.pb, else text")
+
+
+def _run_memory(args: argparse.Namespace) -> int:
+    from transpiler.memory_optimization import memory_optimize  # lazy: the façade imports passes
+
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size}: expected at least 1")
+    program = load_any_program(args.program)
+    report = memory_optimize(program, skip_opt_set=list(args.skip), level=args.level, skip_grads=args.skip_grads,
+                             batch_size=args.batch_size)
+    pct = f"{100.0 * report.bytes_saved / report.bytes_before:.1f}%" if report.bytes_before else "n/a"
+    lines = [f"{args.program}: memory_optimize level {args.level}{' (skip grads)' if args.skip_grads else ''}: "
+             f"peak live bytes (liveness estimate, batch {args.batch_size}) {report.bytes_before} -> "
+             f"{report.bytes_after} (saved {report.bytes_saved}, {pct}); {len(report.reused)} variable(s) reused"]
+    lines += ["  " + r.line() for r in report.reused]
+    if args.output is not None:
+        from ir.serialize import save_program
+
+        try:
+            if args.output.endswith(".pb"):
+                save_program(program, args.output)
+            else:
+                with open(args.output, "w", encoding="utf-8") as f:
+                    f.write(format_program(program))
+        except OSError as e:
+            raise UsageError(f"cannot write {args.output}: {e.strerror or e}") from None
+        lines.append(f"wrote {args.output}")
+    _write_stdout("\n".join(lines) + "\n")
+    return EXIT_OK
+
+
 # --- running -------------------------------------------------------------------------------------------
 
 
@@ -694,12 +806,14 @@ register_command(Command("dump", "print a program (or one block) as text, JSON o
 register_command(Command("verify", "check a program; print 'ok' or every problem", _configure_verify, _run_verify))
 register_command(Command("diff", "show how program B differs from program A (exit 1 when they differ)",
                          _configure_diff, _run_diff))
-register_command(Command("graph", "draw a block as a graph: .dot, or .svg/.png through Graphviz",
-                         _configure_graph, _run_graph))
+register_command(Command("graph", "draw a block (or with --job a transpiled job) as a graph: .dot, or .svg/.png "
+                         "through Graphviz", _configure_graph, _run_graph))
 register_command(Command("transpile", "transpile a training program for parameter servers; write every role's "
                          "programs (.pb and .txt) into a directory", _configure_transpile, _run_transpile))
 register_command(Command("plan", "show which parameter block goes to which pserver, bytes per pserver and the "
                          "balance (text, dot or png)", _configure_plan, _run_plan))
+register_command(Command("memory", "memory_optimize a program: peak live bytes (liveness estimate) before and "
+                         "after, and the variables reused", _configure_memory, _run_memory))
 register_command(Command("launch", "start a local cluster (pservers and trainers, or collective trainers) "
                          "running a training script", _configure_launch, _run_launch))
 

@@ -3,8 +3,13 @@
 Every invalid input raises ``TranspilerError`` with a stable code and a hint:
 E701 endpoints (empty, duplicated, malformed), E702 trainers, E703 trainer_id, E705 min_block_size,
 E706 an endpoint not in the pserver list, E709 enable_dc_asgd with sync_mode, E710 split_method,
-E711 mode, E712 a program argument that is not a Program. The passes add E601 (no optimizer ops),
-E602 (several distributed tables), E603/E604 (an optimizer the pserver cannot run).
+E711 mode (and the collective options), E712 a program argument that is not a Program, E714 a pserver
+program asked for in a collective mode, E715 a field the config does not have (set by mistake, e.g.
+``config.slice_var_upp = True``: it names the closest field). The passes add E601 (no optimizer ops), E602 (several distributed
+tables), E603/E604 (an optimizer the pserver cannot run), E620-E623 (collective rewrites).
+
+Modes: ``pserver`` (the default), ``nccl2`` and ``collective`` (the same allreduce rewrite under Fluid
+1.5's and Fluid 1.6's names; ``collective_mode`` picks ``grad_allreduce`` or ``local_sgd``).
 """
 from __future__ import annotations
 
@@ -12,8 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ir.errors import FlotillaError
+from ir.ops.registry import suggest
 
 from transpiler.ps_dispatcher import PSDispatcher, RoundRobin
+
+
+MODES = ("pserver", "nccl2", "collective")
+COLLECTIVE_MODES = ("nccl2", "collective")
+COLLECTIVE_KINDS = ("grad_allreduce", "local_sgd")
 
 
 class TranspilerError(FlotillaError):
@@ -33,6 +44,24 @@ class DistributeTranspilerConfig:
     enable_dc_asgd: bool = False
     print_log: bool = False
     wait_port: bool = True
+    # Collective modes (nccl2 / collective).
+    collective_mode: str | None = None  # "grad_allreduce" (default) | "local_sgd"
+    nccl_comm_num: int = 1
+    fuse_grad_size_in_MB: float = 32.0  # gradient buckets for one allreduce each; 0 = one allreduce a gradient
+    local_sgd_steps: int = 1  # local_sgd: average the parameters every k steps
+    use_hierarchical_allreduce: bool = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Fluid scripts set the config field by field; a misspelt field must not be silently ignored.
+        fields = type(self).__dataclass_fields__
+        if name not in fields:
+            raise TranspilerError(f"DistributeTranspilerConfig has no field {name!r}",
+                                  hint=suggest(name, fields) or f"the fields are {', '.join(fields)}", code="E715")
+        object.__setattr__(self, name, value)
+
+    @property
+    def is_collective(self) -> bool:
+        return self.mode in COLLECTIVE_MODES
 
     def validated(self) -> "DistributeTranspilerConfig":
         """A checked copy with ``split_method`` defaulted to RoundRobin."""
@@ -44,31 +73,57 @@ class DistributeTranspilerConfig:
         if isinstance(mbs, bool) or not isinstance(mbs, int) or mbs < 1:
             raise TranspilerError(f"min_block_size must be an int >= 1, got {mbs!r}",
                                   hint="the default is 8192 elements", code="E705")
-        if self.mode != "pserver":
-            raise TranspilerError(f"mode {self.mode!r} is not supported by this transpiler; expected 'pserver'",
-                                  hint="nccl2/collective modes are a separate transpile path", code="E711")
+        if self.mode not in MODES:
+            raise TranspilerError(f"mode {self.mode!r} is not a transpiler mode; expected one of {list(MODES)}",
+                                  hint="'pserver' for parameter servers, 'nccl2' or 'collective' for allreduce",
+                                  code="E711")
+        coll = self.collective_mode
+        if coll is None:
+            coll = "grad_allreduce"
+        if coll not in COLLECTIVE_KINDS:
+            raise TranspilerError(f"collective_mode {coll!r} is not supported; expected one of {list(COLLECTIVE_KINDS)}",
+                                  hint="grad_allreduce averages gradients every step; local_sgd averages parameters "
+                                       "every local_sgd_steps steps", code="E711")
+        if coll != "grad_allreduce" and self.mode not in COLLECTIVE_MODES:
+            raise TranspilerError(f"collective_mode {coll!r} needs mode 'nccl2' or 'collective', but mode is "
+                                  f"{self.mode!r}", hint="set config.mode = 'collective'", code="E711")
+        _check_int("nccl_comm_num", self.nccl_comm_num, 1, "the number of communicators (rings)")
+        _check_int("local_sgd_steps", self.local_sgd_steps, 1, "the number of local steps between averagings")
+        fuse = self.fuse_grad_size_in_MB
+        if isinstance(fuse, bool) or not isinstance(fuse, (int, float)) or not 0 <= fuse < float("inf"):
+            raise TranspilerError(f"fuse_grad_size_in_MB must be a number >= 0, got {fuse!r}",
+                                  hint="0 allreduces every gradient on its own; 32 is the default", code="E711")
+        if self.use_hierarchical_allreduce:
+            raise TranspilerError("use_hierarchical_allreduce is not supported: XLA chooses the collective "
+                                  "algorithm itself", hint="leave use_hierarchical_allreduce False", code="E711")
         return DistributeTranspilerConfig(bool(self.slice_var_up), split, mbs, self.mode, bool(self.enable_dc_asgd),
-                                          bool(self.print_log), bool(self.wait_port))
+                                          bool(self.print_log), bool(self.wait_port), coll, int(self.nccl_comm_num),
+                                          float(fuse), int(self.local_sgd_steps), False)
 
 
-def parse_endpoints(pservers: Any) -> tuple[str, ...]:
+def _check_int(field: str, value: Any, minimum: int, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TranspilerError(f"{field} must be an int >= {minimum} ({what}), got {value!r}", code="E711")
+
+
+def parse_endpoints(pservers: Any, what: str = "pservers") -> tuple[str, ...]:
     """``"h:p,h:p"`` (or a list) → endpoints, each ``host:port`` with 1 <= port <= 65535, no duplicates."""
     if isinstance(pservers, (list, tuple)):
         items = list(pservers)
     elif isinstance(pservers, str):
         items = pservers.split(",")
     else:
-        raise TranspilerError(f"pservers must be a comma-separated string of host:port, got {pservers!r}",
+        raise TranspilerError(f"{what} must be a comma-separated string of host:port, got {pservers!r}",
                               hint='e.g. "127.0.0.1:6174,127.0.0.1:6175"', code="E701")
     eps = [e.strip() if isinstance(e, str) else e for e in items]
     if not eps or eps == [""]:
-        raise TranspilerError("pservers is empty; expected at least one host:port endpoint",
+        raise TranspilerError(f"{what} is empty; expected at least one host:port endpoint",
                               hint='e.g. "127.0.0.1:6174"', code="E701")
     for ep in eps:
         check_endpoint(ep)
     dups = sorted({e for e in eps if eps.count(e) > 1})
     if dups:
-        raise TranspilerError(f"pservers lists {dups} more than once; expected distinct endpoints",
+        raise TranspilerError(f"{what} lists {dups} more than once; expected distinct endpoints",
                               hint="give each pserver once", code="E701")
     return tuple(eps)
 

@@ -1,10 +1,24 @@
-"""``DistributeTranspiler``: the Paddle-compatible façade over the parameter-server pass pipeline.
+"""``DistributeTranspiler``: the Paddle-compatible façade over the distributed pass pipelines.
 
-``transpile`` validates its arguments, clones the caller's programs (they are never modified), runs
-the pipeline ``collect_params → slice_variables → place_blocks → trainer_send_recv →
-trainer_startup → pserver_program → pserver_startup → distributed_table`` under a PassManager, then
-checks the whole ProgramSet with ``ir.verify.verify_program_set``. The ``get_*`` methods return
-clones of the stored results, so they can be called in any order and any number of times.
+``transpile`` validates its arguments, clones the caller's programs (see below for when they change), runs a
+pipeline under a PassManager, then checks the whole ProgramSet with ``ir.verify.verify_program_set``.
+In ``pserver`` mode the pipeline is ``collect_params → slice_variables → place_blocks →
+trainer_send_recv → trainer_startup → pserver_program → pserver_startup → distributed_table``; in
+``nccl2``/``collective`` mode (``trainers`` is then the comma-separated trainer endpoints, as in Fluid)
+it is ``collective_startup → grad_allreduce`` (or ``local_sgd``) and there are no pserver programs.
+The ``get_*`` methods return clones of the stored results, so they can be called in any order and any
+number of times.
+
+In-place transpile (Fluid 1.5's rule), a separate last step: when ``program`` (or ``startup_program``) is
+not given, the default program it stands for is rewritten **in place** into the trainer's program (the
+same object then holds the trainer main / startup program), so ``exe.run(default_startup_program())``
+and ``exe.run(default_main_program())`` run the right thing on a trainer; ``in_place = True`` (what
+``flotilla.fluid.DistributeTranspiler`` sets) applies that rule to programs passed explicitly too.
+A program given explicitly to the native API is untouched but marked (``_flotilla_run_instead``), and
+``runtime.Executor`` refuses to run a marked program in a distributed trainer process, naming the
+``get_*`` method whose result to run instead. Transpiling an in-place-rewritten program again starts from
+its stored origin (while it is unchanged since), so a second call gives the same programs. (E716: a
+result with fewer blocks than the program to rewrite, which the passes never produce.)
 ``FLOTILLA_PRINT_IR_AFTER`` (``all`` or pass names) is read once, when the transpiler is created.
 """
 from __future__ import annotations
@@ -18,7 +32,8 @@ from ir.core import Program, default_main_program, default_startup_program
 from ir.program_set import ProgramSet
 from ir.verify import verify_program_set
 
-from passes import default_pipeline
+from passes import collective_pipeline, default_pipeline
+from passes.collective_plan import CollectivePlan
 from passes.dist_plan import DistPlan
 from passes.pass_base import Instrument, PassContext, PassManager, PrintIRAfter, Timing
 from passes.pserver_program import pserver_role
@@ -35,6 +50,10 @@ from transpiler.config import (
 class DistributeTranspiler:
     """Turns one training program into a trainer program and one program per pserver."""
 
+    #: Rewrite the given programs in place even when passed explicitly (Fluid 1.5's rule; the default
+    #: programs, meant when ``program``/``startup_program`` is omitted, are always rewritten in place).
+    in_place: bool = False
+
     def __init__(self, config: DistributeTranspilerConfig | None = None) -> None:
         if config is not None and not isinstance(config, DistributeTranspilerConfig):
             raise TranspilerError(f"config must be a DistributeTranspilerConfig, got {type(config).__name__}",
@@ -49,8 +68,13 @@ class DistributeTranspiler:
     # --- transpile
     def transpile(self, trainer_id: int, program: Program | None = None, pservers: Any = "127.0.0.1:6174",
                   trainers: int = 1, sync_mode: bool = True, startup_program: Program | None = None,
-                  current_endpoint: str = "127.0.0.1:6174") -> None:
-        """Build every role's programs (see the module docstring); the inputs are not modified."""
+                  current_endpoint: str | None = None) -> None:
+        """Build every role's programs (see the module docstring). A program passed explicitly is not
+        modified (unless ``in_place``); an omitted one means the default program, rewritten in place.
+
+        In the collective modes ``trainers`` lists every trainer's endpoint (``"ip:port,ip:port"``),
+        ``pservers`` and ``sync_mode`` are ignored, and ``current_endpoint`` (default: entry
+        ``trainer_id`` of ``trainers``) must be this trainer's entry."""
         # The passes allocate many small long-lived objects and no cycles worth collecting; the cyclic
         # GC walking that growing heap made 3,000-parameter programs ~18x slower (bench/transpile_bench.py).
         gc_was_enabled = gc.isenabled()
@@ -62,12 +86,31 @@ class DistributeTranspiler:
                 gc.enable()
 
     def _transpile(self, trainer_id: int, program: Program | None, pservers: Any, trainers: int, sync_mode: bool,
-                   startup_program: Program | None, current_endpoint: str) -> None:
+                   startup_program: Program | None, current_endpoint: str | None) -> None:
+        main_in_place, startup_in_place = self.in_place or program is None, self.in_place or startup_program is None
         program = default_main_program() if program is None else program
         startup_program = default_startup_program() if startup_program is None else startup_program
         for what, p in (("program", program), ("startup_program", startup_program)):
             if not isinstance(p, Program):
                 raise TranspilerError(f"{what} must be a Program, got {type(p).__name__}", code="E712")
+        targets = (program, main_in_place), (startup_program, startup_in_place)
+        sources = [_origin_of(p) if in_place else p for p, in_place in targets]
+        program, startup_program = sources
+        if self.config.is_collective:
+            self._transpile_collective(trainer_id, program, startup_program, trainers, current_endpoint)
+        else:
+            self._transpile_pserver(trainer_id, program, startup_program, pservers, trainers, sync_mode,
+                                    current_endpoint)
+        role = self._done()[trainer_role(self.plan.trainer_id)]
+        getters = ("get_trainer_program()", "get_trainer_startup_program()")
+        for (target, in_place), source, result, getter in zip(targets, sources, (role.main, role.startup), getters):
+            if in_place:
+                _rewrite_in_place(target, result, source.clone() if source is target else source)
+            else:
+                target._flotilla_run_instead = f"the result of DistributeTranspiler.{getter}"
+
+    def _transpile_pserver(self, trainer_id: int, program: Program, startup_program: Program, pservers: Any,
+                           trainers: int, sync_mode: bool, current_endpoint: str | None) -> None:
         eps = parse_endpoints(pservers)
         trainers, trainer_id = check_trainers(trainers, trainer_id)
         if current_endpoint is not None:
@@ -83,10 +126,37 @@ class DistributeTranspiler:
                           dispatcher=self.config.split_method(list(eps)))
         programs = ProgramSet()
         programs.add(trainer_role(trainer_id), origin_main.clone(), origin_startup.clone())
+        self._run_pipeline(default_pipeline(), programs, ctx)
+
+    def _transpile_collective(self, trainer_id: Any, program: Program, startup_program: Program, trainers: Any,
+                              current_endpoint: str | None) -> None:
+        if isinstance(trainers, int) and not isinstance(trainers, bool):
+            raise TranspilerError(f"trainers is {trainers!r}, but mode {self.config.mode!r} needs every trainer's "
+                                  "endpoint", hint='pass trainers="ip:port,ip:port" (one endpoint a trainer, in rank '
+                                                   'order), as Fluid does in nccl2 mode', code="E702")
+        eps = parse_endpoints(trainers, what="trainers")
+        _, trainer_id = check_trainers(len(eps), trainer_id)
+        if current_endpoint is not None and check_endpoint(current_endpoint) != eps[trainer_id]:
+            raise TranspilerError(f"current_endpoint {current_endpoint!r} is not entry {trainer_id} of trainers "
+                                  f"({eps[trainer_id]!r}) for trainer_id {trainer_id}",
+                                  hint="trainer i's endpoint is entry i of trainers; fix trainer_id or "
+                                       "current_endpoint", code="E703")
+        origin_main, origin_startup = program.clone(), startup_program.clone()
+        cfg = self.config
+        coll = CollectivePlan(trainer_id=trainer_id, endpoints=eps, kind=cfg.collective_mode or "grad_allreduce",
+                              fuse_grad_size_mb=cfg.fuse_grad_size_in_MB, local_sgd_steps=cfg.local_sgd_steps,
+                              nccl_comm_num=cfg.nccl_comm_num)
+        plan = DistPlan(trainer_id=trainer_id, trainers=len(eps), sync_mode=True, pservers=())
+        ctx = PassContext(origin_main=origin_main, origin_startup=origin_startup, plan=plan, collective=coll)
+        programs = ProgramSet()
+        programs.add(trainer_role(trainer_id), origin_main.clone(), origin_startup.clone())
+        self._run_pipeline(collective_pipeline(coll.kind), programs, ctx)
+
+    def _run_pipeline(self, pipeline: list[Any], programs: ProgramSet, ctx: PassContext) -> None:
         instruments: list[Instrument] = [Timing()]
         if self._print_ir_after:
             instruments.append(PrintIRAfter(self._print_ir_after))
-        PassManager(default_pipeline(), instruments).run(programs, ctx)
+        PassManager(pipeline, instruments).run(programs, ctx)
         verify_program_set(programs)
         self._programs, self._plan = programs, ctx.plan
         self.timings, self.warnings = dict(ctx.timings), list(ctx.warnings)
@@ -118,6 +188,11 @@ class DistributeTranspiler:
         return out
 
     def _role(self, endpoint: str) -> str:
+        if self.config.is_collective:
+            raise TranspilerError(f"mode {self.config.mode!r} has no parameter servers, so there is no pserver "
+                                  f"program for {endpoint!r}",
+                                  hint="every process is a trainer: use get_trainer_program() and "
+                                       "get_trainer_startup_program()", code="E714")
         if not isinstance(endpoint, str) or endpoint not in self.plan.pservers:
             raise TranspilerError(f"endpoint {endpoint!r} is not one of the pservers {list(self.plan.pservers)}",
                                   hint="pass one of the endpoints given to transpile(pservers=...)", code="E706")
@@ -146,5 +221,44 @@ class DistributeTranspiler:
 
     def get_pserver_programs(self, endpoint: str) -> tuple[Program, Program]:
         return self.get_pserver_program(endpoint), self.get_startup_program(endpoint)
+
+
+# --- in-place transpile (Fluid 1.5's rule; see the module docstring) --------------------------------------
+def _origin_of(program: Program) -> Program:
+    """What to transpile for a program rewritten in place: its stored origin while it is unchanged since an
+    earlier in-place transpile (so transpiling twice gives the same programs), else the program itself."""
+    stored = getattr(program, "_flotilla_in_place_origin", None)
+    if stored is not None and stored[1] == program.version:
+        return stored[0]
+    return program
+
+
+def _rewrite_in_place(target: Program, result: Program, origin: Program) -> None:
+    """Make ``target`` (the same object) hold a copy of ``result``, through the Block API; remember the
+    ``origin`` it was transpiled from and drop any mark from an earlier native transpile."""
+    if target.num_blocks > result.num_blocks:
+        raise TranspilerError(f"cannot rewrite a {target.num_blocks}-block program in place with a "
+                              f"{result.num_blocks}-block result", hint="pass program= and use the get_* results",
+                              code="E716")
+    while target.num_blocks < result.num_blocks:
+        target.create_block(result.block(target.num_blocks).parent_idx)
+    while target.current_block().idx != 0:
+        target.rollback()
+    for dst, src in zip(target.blocks, result.blocks):
+        for index in range(len(dst.ops) - 1, -1, -1):
+            dst.remove_op(index)
+        for name in list(dst.vars):
+            dst.remove_var(name)
+        for var in src.vars.values():
+            dst.add_var(var)
+        for op in src.ops:
+            # Exactly as transpiled (already verified): no defaults added, no shape inference re-run.
+            dst._append_raw_op(op.type, {k: list(v) for k, v in op.inputs.items()},
+                               {k: list(v) for k, v in op.outputs.items()},
+                               {k: list(v) if isinstance(v, list) else v for k, v in op.attrs.items()})
+    target.random_seed = result.random_seed
+    target._flotilla_in_place_origin = (origin, target.version)
+    if hasattr(target, "_flotilla_run_instead"):
+        del target._flotilla_run_instead
 
 

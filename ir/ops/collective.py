@@ -6,11 +6,31 @@ Invariants:
   ``c_broadcast`` lower to XLA collectives inside the compiled step.
 - ``NCCLID`` is a ``raw`` variable (shape ``[]``, ``ir.ops.shapes.RAW_INFO``); collectives keep
   their input's shape, dtype and type. No op here is differentiated (``NO_GRAD``).
+- ``c_allreduce_sum`` takes several variables at once (a fused bucket: one collective for all of
+  them); ``Out[i]`` has the shape of ``X[i]``. ``nranks`` on a collective is the group size the program
+  was transpiled for (0: not recorded); the runtime refuses to run it on a group of another size.
 """
 from __future__ import annotations
 
-from ir.ops.registry import A, AttrKind as K, NO_GRAD, defop
+from ir.ops.registry import A, AttrKind as K, InferContext, NO_GRAD, defop
 from ir.ops.shapes import same_as, set_raw
+
+
+def _infer_each(ctx: InferContext) -> None:
+    """``Out[i]`` is shaped and typed as ``X[i]``."""
+    xs = ctx.inputs("X")
+    if ctx.num_outputs("Out") != len(xs):
+        ctx.fail(f"slot X has {len(xs)} variables but slot Out has {ctx.num_outputs('Out')}; expected one "
+                 "output per input")
+    ctx.set_output("Out", xs)
+
+
+def _infer_local_sgd(ctx: InferContext) -> None:
+    params = ctx.inputs("Param")
+    if ctx.num_outputs("ParamOut") != len(params):
+        ctx.fail(f"slot Param has {len(params)} variables but slot ParamOut has {ctx.num_outputs('ParamOut')}")
+    ctx.set_output("ParamOut", params)
+    ctx.set_output("StepOut", ctx.input("Step"))
 
 defop(
     "gen_nccl_id",
@@ -29,16 +49,17 @@ defop(
 
 defop(
     "c_allreduce_sum",
-    inputs=["X"],
-    outputs=["Out"],
+    inputs=["X*"],
+    outputs=["Out*"],
     attrs=[
         A("ring_id", K.INT, 0, "communicator (ring) to use"),
         A("use_calc_stream", K.BOOL, False, "run on the compute stream (no extra synchronisation)"),
+        A("nranks", K.INT, 0, "ranks the program was transpiled for (0: not recorded)"),
     ],
-    infer=same_as(),
+    infer=_infer_each,
     grad=NO_GRAD,
     traits=("collective",),
-    doc="Out = the sum of X over every rank",
+    doc="Out[i] = the sum of X[i] over every rank (several X: one fused collective; selected rows gather)",
 )
 
 defop(
@@ -49,9 +70,25 @@ defop(
         A("ring_id", K.INT, 0, "communicator (ring) to use"),
         A("root", K.INT, 0, "rank whose X every rank receives"),
         A("use_calc_stream", K.BOOL, False, "run on the compute stream (no extra synchronisation)"),
+        A("nranks", K.INT, 0, "ranks the program was transpiled for (0: not recorded)"),
     ],
     infer=same_as(),
     grad=NO_GRAD,
     traits=("collective",),
     doc="Out = X of rank root, on every rank",
+)
+
+defop(
+    "c_local_sgd",
+    inputs=["Param*", "Step"],
+    outputs=["ParamOut*", "StepOut"],
+    attrs=[
+        A("k_steps", K.INT, 1, "average the parameters every k_steps calls"),
+        A("ring_id", K.INT, 0, "communicator (ring) to use"),
+        A("nranks", K.INT, 0, "ranks the program was transpiled for (0: not recorded)"),
+    ],
+    infer=_infer_local_sgd,
+    grad=NO_GRAD,
+    traits=("collective",),
+    doc="StepOut = Step + 1; every k_steps-th call ParamOut = the mean of Param over every rank, else Param",
 )

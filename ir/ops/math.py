@@ -436,3 +436,14 @@ defop(
     grad=DefaultGrad(wrt=("X", "Y")),
     doc="Out = X where Condition else Y, elementwise over one shape",
 )
+
+
+# --- transformer activations ----------------------------------------------------------------------
+defop(
+    "gelu",
+    inputs=["X"],
+    outputs=["Out"],
+    infer=same_as(),
+    grad=DefaultGrad(),
+    doc="Out = 0.5 * X * (1 + erf(X / sqrt(2))), the exact (erf) form of GELU",
+)

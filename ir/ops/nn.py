@@ -1,8 +1,11 @@
 """Op schemas: losses, embeddings, sequence pooling, tensor layout, convolution, normalisation,
 dropout and metrics (the nn family).
 
-Op types, slot names, attribute names and defaults follow Paddle Fluid 1.5, except ``sequence_pool``,
-which works on padded batches ``[N, T, D]`` (with optional ids marking padding) instead of LoD tensors.
+Op types, slot names, attribute names and defaults follow Paddle Fluid 1.5. Sequence ops see a LoD
+tensor (``layers.data(..., lod_level=1)``) as its flattened rows ``X [R, D...]`` plus a ``Length [N]``
+input holding each sequence's row count (rows past ``sum(Length)`` are bucket padding and ignored; see
+``runtime/lod.py``); ``sequence_pool`` also pools padded batches ``[N, T, D]`` (optional ids marking
+padding steps) when given no ``Length``.
 Shape inference uses -1 for an unknown extent and fails through ``ctx.fail`` naming what is
 incompatible. Gradient ops read the forward inputs they need to recompute the forward (the runtime
 differentiates forward kernels with ``jax.vjp``), except ``dropout_grad``, which must reuse ``Mask``.
@@ -189,13 +192,32 @@ defop(
 _POOL_TYPES = ("AVERAGE", "SUM", "MAX", "SQRT", "FIRST", "LAST")
 
 
+def _check_length(ctx: InferContext) -> VarInfo:
+    """The ``Length`` input: int64 [N], one row count per sequence."""
+    length = ctx.input("Length")
+    check_dtype(ctx, "Length", length.dtype, ("int64",))
+    if len(length.shape) != 1:
+        ctx.fail(f"Length{list(length.shape)} must be [N], one row count per sequence")
+    return length
+
+
 def _infer_sequence_pool(ctx: InferContext) -> None:
     x = ctx.input("X")
     pooltype = ctx.attr("pooltype")
     if pooltype not in _POOL_TYPES:
         ctx.fail(f"pooltype {pooltype!r} is unknown; expected one of {list(_POOL_TYPES)}")
+    if ctx.has_input("Length"):
+        length = _check_length(ctx)
+        if len(x.shape) < 2:
+            ctx.fail(f"X{list(x.shape)} must be the rows of a LoD tensor [R, D...]")
+        if ctx.has_input("Ids"):
+            ctx.fail("Ids (padding marks) and Length (LoD) cannot both be given")
+        out = (length.shape[0],) + tuple(x.shape[1:])
+        ctx.set_output("Out", VarInfo(out, x.dtype))
+        ctx.set_output("MaxIndex", VarInfo(out, "int32"))
+        return
     if len(x.shape) < 3:
-        ctx.fail(f"X{list(x.shape)} must be a padded batch [N, T, D...]")
+        ctx.fail(f"X{list(x.shape)} is neither a padded batch [N, T, D...] nor a LoD tensor (no Length input)")
     n, t = x.shape[0], x.shape[1]
     if ctx.has_input("Ids"):
         ids = ctx.input("Ids")
@@ -210,17 +232,18 @@ def _infer_sequence_pool(ctx: InferContext) -> None:
 
 defop(
     "sequence_pool",
-    inputs=["X", "Ids?"],
+    inputs=["X", "Ids?", "Length?"],
     outputs=["Out", "MaxIndex?"],
     attrs=[
         A("pooltype", K.STRING, "AVERAGE", "AVERAGE | SUM | MAX | SQRT | FIRST | LAST"),
-        A("padding_idx", K.INT, -1, "time steps whose id equals this are excluded (-1: none)"),
+        A("padding_idx", K.INT, -1, "padded form: time steps whose id equals this are excluded (-1: none)"),
         A("is_test", K.BOOL, False, "inference mode (MaxIndex is not needed)"),
-        A("pad_value", K.FLOAT, 0.0, "Out for a sequence with no steps left"),
+        A("pad_value", K.FLOAT, 0.0, "Out for a sequence with no steps"),
     ],
     infer=_infer_sequence_pool,
     grad=DefaultGrad(wrt=("X",), out_grads=("Out",)),
-    doc="pools a padded batch X [N, T, D] over time to Out [N, D], skipping padding steps (padded sequence_pool)",
+    doc="pools each sequence to one row: LoD rows X [R, D] with Length [N] (or a padded batch X [N, T, D]) "
+        "to Out [N, D]; MaxIndex (MAX) is the pooled row (LoD) or time step (padded)",
 )
 
 
@@ -544,6 +567,45 @@ defop(
 )
 
 
+def _infer_layer_norm(ctx: InferContext) -> None:
+    x = ctx.input("X")
+    rank = len(x.shape)
+    axis = ctx.attr("begin_norm_axis")
+    if rank < 2:
+        ctx.fail(f"X{list(x.shape)} must have rank >= 2 (rows before begin_norm_axis, features from it)")
+    if not 1 <= axis < rank:
+        ctx.fail(f"begin_norm_axis={axis} must be in [1, {rank}) for X{list(x.shape)}")
+    if ctx.attr("epsilon") < 0:
+        ctx.fail(f"epsilon={ctx.attr('epsilon')} must be >= 0")
+    left, right = prod(x.shape[:axis]), prod(x.shape[axis:])
+    for slot in ("Scale", "Bias"):
+        if ctx.has_input(slot):
+            p = ctx.input(slot)
+            if len(p.shape) != 1 or not dim_eq(p.shape[0], right):
+                ctx.fail(f"{slot}{list(p.shape)} must be [{right}], the size of X{list(x.shape)} from "
+                         f"begin_norm_axis={axis} on")
+            if p.dtype != x.dtype:
+                ctx.fail(f"{slot} has dtype {p.dtype}; expected the dtype of X, {x.dtype}")
+    ctx.set_output("Y", VarInfo(x.shape, x.dtype))
+    ctx.set_output("Mean", VarInfo((left,), x.dtype))
+    ctx.set_output("Variance", VarInfo((left,), x.dtype))
+
+
+defop(
+    "layer_norm",
+    inputs=["X", "Scale?", "Bias?"],
+    outputs=["Y", "Mean?", "Variance?"],
+    attrs=[
+        A("epsilon", K.FLOAT, 1e-5, "added to the variance"),
+        A("begin_norm_axis", K.INT, 1, "X is normalised over dims [begin_norm_axis, rank) as one row"),
+    ],
+    infer=_infer_layer_norm,
+    grad=DefaultGrad(wrt=("X", "Scale", "Bias"), out_grads=("Y",)),
+    doc="Y = Scale * (X - mean) / sqrt(var + eps) + Bias, mean and var over dims from begin_norm_axis on; "
+        "Mean, Variance [left] the row statistics",
+)
+
+
 def _infer_dropout(ctx: InferContext) -> None:
     x = ctx.input("X")
     p = ctx.attr("dropout_prob")
@@ -661,4 +723,59 @@ defop(
     infer=_infer_auc,
     grad=NO_GRAD,
     doc="area under the curve from bucketed positive/negative counts; StatPosOut/StatNegOut update the stats",
+)
+
+
+# --- LoD sequence ops (rows X [R, ...] with Length [N]; see runtime/lod.py) ------------------------------
+def _infer_sequence_softmax(ctx: InferContext) -> None:
+    x = ctx.input("X")
+    _check_length(ctx)
+    if not (len(x.shape) == 1 or (len(x.shape) == 2 and dim_eq(x.shape[1], 1))):
+        ctx.fail(f"X{list(x.shape)} must be the rows of a LoD tensor of scores, [R, 1] or [R]")
+    ctx.set_output("Out", VarInfo(x.shape, x.dtype))
+
+
+defop(
+    "sequence_softmax",
+    inputs=["X", "Length"],
+    outputs=["Out"],
+    attrs=[A("use_cudnn", K.BOOL, False, "accepted for Fluid compatibility; no effect")],
+    infer=_infer_sequence_softmax,
+    grad=DefaultGrad(wrt=("X",)),
+    doc="Out = softmax of the scores X [R, 1] within each sequence (rows split by Length); padding rows are 0",
+)
+
+
+def _infer_sequence_conv(ctx: InferContext) -> None:
+    x, w = ctx.input("X"), ctx.input("Filter")
+    _check_length(ctx)
+    if len(x.shape) != 2:
+        ctx.fail(f"X{list(x.shape)} must be the rows of a LoD tensor [R, D]")
+    if ctx.attr("contextStride") != 1:
+        ctx.fail(f"contextStride={ctx.attr('contextStride')} is not supported; only 1 (as Fluid)")
+    if ctx.attr("paddingTrainable"):
+        ctx.fail("paddingTrainable=True is not supported; windows are zero-padded at sequence ends")
+    length = ctx.attr("contextLength")
+    if length < 1:
+        ctx.fail(f"contextLength={length} must be >= 1")
+    if len(w.shape) != 2 or not dim_eq(w.shape[0], length * x.shape[1] if x.shape[1] >= 0 else -1):
+        ctx.fail(f"Filter{list(w.shape)} must be [contextLength * D, num_filters] = [{length} * {x.shape[1]}, F]")
+    if w.dtype != x.dtype:
+        ctx.fail(f"Filter has dtype {w.dtype}; expected the dtype of X, {x.dtype}")
+    ctx.set_output("Out", VarInfo((x.shape[0], w.shape[1]), x.dtype))
+
+
+defop(
+    "sequence_conv",
+    inputs=["X", "Filter", "Length"],
+    outputs=["Out"],
+    attrs=[
+        A("contextLength", K.INT, 3, "rows in each window"),
+        A("contextStart", K.INT, 0, "offset of a window's first row from the current row (e.g. -1)"),
+        A("contextStride", K.INT, 1, "only 1 is supported, as in Fluid"),
+        A("paddingTrainable", K.BOOL, False, "only False (zero padding) is supported"),
+    ],
+    infer=_infer_sequence_conv,
+    grad=DefaultGrad(wrt=("X", "Filter")),
+    doc="Out[r] = concat(X[r + contextStart + j] for j < contextLength, zero outside r's sequence) @ Filter",
 )

@@ -22,6 +22,9 @@ from runtime.scope import ExecutionError, SelectedRows
 
 @host_kernel("delete_var")
 def delete_var(ctx: Any, op: Any) -> None:
+    """Drop every X from the scope. The Executor runs this only where a ``delete_var`` does not follow a
+    compiled run; after a run it folds the op into the run (the run stops returning the values) and
+    erases just what the scope may still hold, so ``release_memory`` never splits compiled runs."""
     ctx.scope.erase(list(op.input("X")))
 
 

@@ -178,6 +178,7 @@ _UNARY: dict[str, Callable[[Any], Any]] = {
     "tanh": jnp.tanh,
     "softsign": lambda x: x / (1 + jnp.abs(x)),
     "floor": jnp.floor,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # Fluid's exact erf form
 }
 
 

@@ -1,5 +1,5 @@
-"""Kernels: losses, embeddings, padded sequence pooling, layout, convolution, pooling, batch norm,
-dropout and metrics (``ir/ops/nn.py``), with Fluid 1.5's semantics.
+"""Kernels: losses, embeddings, sequence ops (LoD rows with lengths, or padded batches), layout,
+convolution, pooling, batch norm, layer norm, dropout and metrics (``ir/ops/nn.py``), with Fluid 1.5's semantics.
 
 Invariants:
 - Outputs have the shapes and dtypes shape inference declares (float results in the input's dtype,
@@ -10,6 +10,10 @@ Invariants:
   forward's ``Mask``, not draw a new one).
 - Kernels are NaN-free on degenerate inputs where Fluid's are: a padded sequence with no steps left
   pools to ``pad_value``, and its gradient is zero.
+- LoD sequence kernels take the rows ``X [R, ...]`` and ``Length [N]``; rows past ``sum(Length)`` are
+  bucket padding (``runtime/lod.py``): they never reach a pooled result, and their outputs and
+  gradients are zero. Segment ids come from ``searchsorted`` over the cumulative lengths, so one
+  compilation serves every batch of the same bucket.
 """
 from __future__ import annotations
 
@@ -129,9 +133,81 @@ def _gather_steps(x: Any, idx: Any) -> Any:
     return jnp.take_along_axis(x, idx[:, None], axis=1)[:, 0]
 
 
+# --- LoD sequences: rows X [R, ...] and Length [N] (runtime/lod.py pads R to a bucket) -------------------
+def _segments(length: Any, rows: int) -> tuple[Any, Any, Any]:
+    """(segment id per row, in [0, N] with N for padding rows; start row; end row) of each sequence."""
+    length = length.astype(jnp.int32)
+    ends = jnp.cumsum(length)
+    starts = ends - length
+    seg = jnp.searchsorted(ends, jnp.arange(rows, dtype=jnp.int32), side="right")
+    return seg, starts, ends
+
+
+def _sequence_pool_lod(x: Any, length: Any, attrs: Attrs) -> Outs:
+    n, rows = length.shape[0], x.shape[0]
+    seg, starts, ends = _segments(length, rows)
+    feat = (1,) * (x.ndim - 1)
+    nonempty = (length > 0).reshape((n,) + feat)
+    safe_len = jnp.maximum(length, 1).astype(x.dtype).reshape((n,) + feat)
+    ptype = attrs["pooltype"]
+    max_index = jnp.zeros((n,) + x.shape[1:], jnp.int32)
+    if ptype in ("SUM", "AVERAGE", "SQRT"):
+        total = jax.ops.segment_sum(x, seg, num_segments=n + 1)[:n]
+        out = {"SUM": total, "AVERAGE": total / safe_len, "SQRT": total / jnp.sqrt(safe_len)}[ptype]
+    elif ptype == "MAX":
+        best = lax.stop_gradient(jax.ops.segment_max(x, seg, num_segments=n + 1))
+        row = jnp.arange(rows, dtype=jnp.int32).reshape((rows,) + feat)
+        hit = (x == best[seg]) & (seg < n).reshape((rows,) + feat)
+        first_hit = jax.ops.segment_min(jnp.where(hit, row, rows), seg, num_segments=n + 1)[:n]
+        arg = jnp.minimum(first_hit, rows - 1)
+        out = jnp.take_along_axis(x, arg, axis=0)  # the max row, differentiable through the gather
+        max_index = jnp.where(nonempty, arg, 0).astype(jnp.int32)
+    elif ptype == "FIRST":
+        out = jnp.take(x, jnp.minimum(starts, rows - 1), axis=0)
+    else:  # LAST (the schema's inference rejects anything else)
+        out = jnp.take(x, jnp.clip(ends - 1, 0, rows - 1), axis=0)
+    out = jnp.where(nonempty, out, jnp.asarray(attrs["pad_value"]).astype(x.dtype))
+    return {"Out": [out.astype(x.dtype)], "MaxIndex": [max_index]}
+
+
+@kernel("sequence_softmax")
+def sequence_softmax(ins: Ins, attrs: Attrs) -> Outs:
+    x, length = one(ins, "X"), one(ins, "Length")
+    n, rows = length.shape[0], x.shape[0]
+    seg, _, _ = _segments(length, rows)
+    v = x.reshape(rows)
+    real = seg < n
+    top = lax.stop_gradient(jax.ops.segment_max(jnp.where(real, v, -jnp.inf), seg, num_segments=n + 1))
+    e = jnp.where(real, jnp.exp(v - jnp.where(real, top[seg], 0)), 0)
+    total = jax.ops.segment_sum(e, seg, num_segments=n + 1)
+    out = e / jnp.where(real, total[seg], 1)
+    return {"Out": [out.reshape(x.shape).astype(x.dtype)]}
+
+
+@kernel("sequence_conv")
+def sequence_conv(ins: Ins, attrs: Attrs) -> Outs:
+    x, w, length = one(ins, "X"), one(ins, "Filter"), one(ins, "Length")
+    n, rows = length.shape[0], x.shape[0]
+    seg, starts, ends = _segments(length, rows)
+    real = seg < n
+    seg_c = jnp.minimum(seg, n - 1) if n > 0 else seg
+    lo, hi = starts[seg_c], ends[seg_c]
+    r = jnp.arange(rows, dtype=jnp.int32)
+    cols = []
+    for j in range(attrs["contextLength"]):
+        src = r + attrs["contextStart"] + j
+        ok = real & (src >= lo) & (src < hi)  # zero padding outside the row's own sequence
+        cols.append(jnp.where(ok[:, None], jnp.take(x, jnp.clip(src, 0, rows - 1), axis=0), 0))
+    out = jnp.concatenate(cols, axis=1) @ w.astype(x.dtype)
+    return {"Out": [jnp.where(real[:, None], out, 0).astype(x.dtype)]}
+
+
 @kernel("sequence_pool")
 def sequence_pool(ins: Ins, attrs: Attrs) -> Outs:
     x = one(ins, "X")
+    length = opt(ins, "Length")
+    if length is not None:
+        return _sequence_pool_lod(x, length, attrs)
     n, t = x.shape[0], x.shape[1]
     ids = opt(ins, "Ids")
     pad = attrs["padding_idx"]
@@ -295,6 +371,29 @@ def batch_norm(ins: Ins, attrs: Attrs) -> Outs:
     y = (xc - use_mean.reshape(bshape)) * (inv_std * scale.astype(ct)).reshape(bshape) + bias.astype(ct).reshape(bshape)
     return {"Y": [y.astype(x.dtype)], "MeanOut": [mean_out], "VarianceOut": [var_out],
             "SavedMean": [use_mean.astype(mean.dtype)], "SavedVariance": [inv_std.astype(var.dtype)]}
+
+
+@kernel("layer_norm")
+def layer_norm(ins: Ins, attrs: Attrs) -> Outs:
+    """X seen as [left, right] (split at begin_norm_axis): each row normalised by its mean and biased
+    variance; Mean and Variance ``[left]`` hold those (the variance, not the inverse std, as Fluid).
+    Scale and Bias, when given, are ``[right]``."""
+    x = one(ins, "X")
+    scale, bias = opt(ins, "Scale"), opt(ins, "Bias")
+    axis = attrs["begin_norm_axis"]
+    axes = tuple(range(axis, x.ndim))
+    row_mean = jnp.mean(x, axis=axes, keepdims=True)
+    centred = x - row_mean
+    row_var = jnp.mean(jnp.square(centred), axis=axes, keepdims=True)
+    y = centred * lax.rsqrt(row_var + jnp.asarray(attrs["epsilon"], x.dtype))
+    feature_shape = x.shape[axis:]
+    if scale is not None:
+        y = y * scale.reshape(feature_shape).astype(x.dtype)
+    if bias is not None:
+        y = y + bias.reshape(feature_shape).astype(x.dtype)
+    left = int(np.prod(x.shape[:axis]))
+    return {"Y": [y.astype(x.dtype)], "Mean": [row_mean.reshape(left).astype(x.dtype)],
+            "Variance": [row_var.reshape(left).astype(x.dtype)]}
 
 
 def _dropout_train_scale(attrs: Attrs) -> float:

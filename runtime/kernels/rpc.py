@@ -25,9 +25,18 @@ from runtime.scope import ExecutionError, SelectedRows
 
 
 def _client(ctx: Any, op: Operator) -> Any:
+    """The executor's client for the op's trainer, announced to every pserver ``ctx.program`` talks to
+    (all at once, so a restarted trainer joins every pserver at the same step)."""
+    from runtime.io import distributed_role
     from runtime.rpc.client import client_for
 
-    return client_for(ctx.executor, int(op.attr("trainer_id")))
+    client = client_for(ctx.executor, int(op.attr("trainer_id")))
+    key = (id(ctx.program), ctx.program.version)
+    if key not in client.announced_programs:
+        dist = distributed_role(ctx.program)
+        client.announce(dist[2] if dist is not None and dist[0] == "trainer" else [])
+        client.announced_programs.add(key)
+    return client
 
 
 def _value(ctx: Any, name: str, op: Operator) -> Any:
@@ -199,6 +208,7 @@ def max_message_bytes(program: Program) -> int:
 def listen_and_serv(ctx: Any, op: Operator) -> None:
     """Serve until every trainer has completed (then return) or the pserver fails (then raise)."""
     from runtime import io
+    from runtime.flags import bool_flag, checkpoint_root, rpc_security
     from runtime.rpc.pserver import PServer, PServerError
     from runtime.rpc.server import start_server
 
@@ -206,15 +216,22 @@ def listen_and_serv(ctx: Any, op: Operator) -> None:
         ctx.executor.run_block(ctx.program, idx, scope)
 
     def save(path: str) -> None:
-        io.save_vars(ctx.executor, path, ctx.program, vars=io.pserver_checkpoint_vars(ctx.program), scope=ctx.scope)
+        io.save_checkpoint_part(ctx.executor, path, ctx.program, vars=io.pserver_checkpoint_vars(ctx.program),
+                                scope=ctx.scope)
 
+    # Every setting is read here, once, at the edge.
+    security = rpc_security()
     pserver = PServer(ctx.program, ctx.scope, op, run_block, save_persistables=save,
-                      barrier_timeout=flag("FLAGS_pserver_timeout_ms") / 1000.0)
+                      barrier_timeout=flag("FLAGS_pserver_timeout_ms") / 1000.0,
+                      checkpoint_root=checkpoint_root(), allow_rejoin=bool_flag("FLAGS_pserver_allow_rejoin"),
+                      check_finite=bool_flag("FLAGS_pserver_check_finite"))
     endpoint = op.attr("endpoint")
-    server = start_server(pserver, endpoint, max_message_bytes(ctx.program))
+    server = start_server(pserver, endpoint, max_message_bytes(ctx.program), security)
     mode = "sync" if pserver.config.sync_mode else "async"
-    print(f"pserver {pserver.config.pserver_id} serving {endpoint} ({mode}, {pserver.config.trainers} trainers)",
-          file=sys.stderr, flush=True)
+    trust = ("token" if security.token else "no token") + (", TLS" if security.server_tls else "") + \
+        (" (mutual)" if security.server_tls and security.ca else "")
+    print(f"pserver {pserver.config.pserver_id} serving {endpoint} ({mode}, {pserver.config.trainers} trainers, "
+          f"{trust})", file=sys.stderr, flush=True)
     try:
         pserver.wait()
     except PServerError as e:

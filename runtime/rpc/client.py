@@ -11,9 +11,18 @@ call here is idempotent: sends carry a per-variable sequence number the pserver 
 barriers and Complete count trainers). The first contact with each endpoint waits (bounded by the
 deadline) until the pserver accepts connections and names every endpoint still missing.
 Errors are ``RPCError``s naming the method, the endpoint and the pserver's message.
+
+Identity: each client draws a random incarnation id and announces (trainer id, incarnation) to every
+pserver before its first other call there (``announce``; the kernels announce every endpoint of the
+program at once, so a restarted trainer is admitted on every pserver at the same step boundary). The
+pservers answer the step the trainer joins at; it becomes ``step``. Sends, barriers, Complete and
+CheckpointNotify carry the incarnation. Trust: with a job token every call carries it as
+``authorization: Bearer <token>`` metadata; with a CA the channels are TLS (mutual when this process
+has a certificate and key). Settings come from ``runtime.flags.rpc_security`` unless given.
 """
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from concurrent import futures
@@ -22,13 +31,14 @@ from typing import Any, Iterable, Sequence
 import grpc
 
 from ir.errors import FlotillaError
-from runtime.flags import flag
+from runtime.flags import RPCSecurity, flag, rpc_security
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.server import SERVICE, grpc_options
 from runtime.rpc.wire import decode_variable, encode_variable
 
 DEFAULT_MAX_MESSAGE = 1 << 30
 _RETRY_BACKOFF = (0.1, 0.3, 1.0)
+_UNANNOUNCED = ("Announce", "Health")  # the calls that need no announcement first
 
 
 class RPCError(FlotillaError):
@@ -48,25 +58,41 @@ def _identity(x: bytes) -> bytes:
 class _Endpoint:
     """A channel to one pserver and its method callables."""
 
-    def __init__(self, endpoint: str, max_message: int) -> None:
+    def __init__(self, endpoint: str, max_message: int, security: RPCSecurity) -> None:
         self.endpoint = endpoint
-        self.channel = grpc.insecure_channel(endpoint, options=grpc_options(max_message))
+        options = grpc_options(max_message)
+        if security.client_tls:
+            if security.server_name:
+                options.append(("grpc.ssl_target_name_override", security.server_name))
+            creds = grpc.ssl_channel_credentials(root_certificates=security.ca, private_key=security.key,
+                                                 certificate_chain=security.cert)
+            self.channel = grpc.secure_channel(endpoint, creds, options=options)
+        else:
+            self.channel = grpc.insecure_channel(endpoint, options=options)
         self.ready = False
+        self.announced = False
 
         def method(name: str) -> Any:
             return self.channel.unary_unary(f"/{SERVICE}/{name}", request_serializer=_identity,
                                             response_deserializer=_identity)
 
         self.calls = {name: method(name) for name in ("SendVariable", "GetVariable", "PrefetchVariable", "Barrier",
-                                                      "Complete", "CheckpointNotify", "Health")}
+                                                      "Complete", "CheckpointNotify", "Health",
+                                                      "Announce")}
 
 
 class RPCClient:
     """Talks to the pservers for trainer ``trainer_id``; ``step`` counts the trainer's SEND barriers."""
 
     def __init__(self, trainer_id: int, *, deadline: float | None = None, retries: int | None = None,
-                 max_message: int = DEFAULT_MAX_MESSAGE) -> None:
+                 max_message: int = DEFAULT_MAX_MESSAGE, security: RPCSecurity | None = None,
+                 incarnation: int | None = None) -> None:
         self.trainer_id = trainer_id
+        self.security = security if security is not None else rpc_security()
+        self._metadata = (("authorization", f"Bearer {self.security.token}"),) if self.security.token else None
+        self.incarnation = incarnation if incarnation is not None else secrets.randbits(63) | 1
+        self._joined = False
+        self.announced_programs: set[tuple[int, int]] = set()
         self.deadline = deadline if deadline is not None else flag("FLAGS_rpc_deadline") / 1000.0
         self.retries = retries if retries is not None else flag("FLAGS_rpc_retry_times")
         self.max_message = max_message
@@ -84,7 +110,7 @@ class RPCClient:
         with self._lock:
             ep = self._endpoints.get(endpoint)
             if ep is None:
-                ep = self._endpoints[endpoint] = _Endpoint(endpoint, self.max_message)
+                ep = self._endpoints[endpoint] = _Endpoint(endpoint, self.max_message, self.security)
             return ep
 
     def wait_ready(self, endpoints: Iterable[str]) -> None:
@@ -105,16 +131,48 @@ class RPCClient:
                            f"{self.deadline:g}s", hint="start the pservers first (flotilla launch does), check the "
                            "endpoints, or raise FLAGS_rpc_deadline")
 
+    def announce(self, endpoints: Iterable[str]) -> None:
+        """Announce this trainer incarnation to each endpoint not yet told (concurrently); the pservers'
+        join steps must agree (a rejoining trainer asks the ones behind to join at the latest)."""
+        todo = [e for e in dict.fromkeys(endpoints) if not self._endpoint(e).announced]
+        if not todo:
+            return
+        self.wait_ready(todo)
+
+        def ask(join_at: int, eps: list[str]) -> dict[str, int]:
+            req = pb.AnnounceRequest(trainer_id=self.trainer_id, incarnation=self.incarnation,
+                                     join_at=join_at).SerializeToString()
+            raws = self._all([(ep, "Announce", req, f"(incarnation {self.incarnation:#x})") for ep in eps])
+            return {ep: pb.AnnounceReply.FromString(raw).step for ep, raw in zip(eps, raws)}
+
+        steps = ask(0, todo)
+        join = max(steps.values())
+        if self._joined:
+            join = max(join, self.step)
+        behind = [ep for ep, s in steps.items() if s < join]
+        if behind:
+            steps.update(ask(join, behind))
+        wrong = {ep: s for ep, s in steps.items() if s != join}
+        if wrong:
+            raise RPCError(f"trainer {self.trainer_id}: pservers disagree on the step to join at: {steps}",
+                           hint="the pservers of one job must serve the same steps; restart the job")
+        if not self._joined:
+            self.step, self._joined = join, True
+        for ep in todo:
+            self._endpoints[ep].announced = True
+
     def _call(self, endpoint: str, method: str, request: bytes, what: str) -> bytes:
         ep = self._endpoint(endpoint)
         if not ep.ready:
             self.wait_ready([endpoint])
+        if not ep.announced and method not in _UNANNOUNCED:
+            self.announce([endpoint])
         end = time.monotonic() + self.deadline
         attempt = 0
         while True:
             attempt += 1
             try:
-                return ep.calls[method](request, timeout=max(0.001, end - time.monotonic()))
+                return ep.calls[method](request, timeout=max(0.001, end - time.monotonic()), metadata=self._metadata)
             except grpc.RpcError as e:
                 code = e.code()
                 if code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries and time.monotonic() < end:
@@ -138,11 +196,14 @@ class RPCClient:
     def send(self, endpoint: str, name: str, value: Any) -> None:
         """Send ``value`` as ``name`` without waiting (see ``wait_sends``)."""
         self._check_open()
+        if not self._endpoint(endpoint).announced:
+            self.announce([endpoint])
         seq = self._seq[name] = self._seq.get(name, 0) + 1
         step = self.step
 
         def job() -> None:
-            msg = encode_variable(name, value, trainer_id=self.trainer_id, step=step, seq=seq)
+            msg = encode_variable(name, value, trainer_id=self.trainer_id, step=step, seq=seq,
+                                  incarnation=self.incarnation)
             self._call(endpoint, "SendVariable", msg, f"of {name!r}")
 
         self._pending.append(self._pool.submit(job))
@@ -177,7 +238,8 @@ class RPCClient:
         """This trainer's SEND (``send``) or FETCH barrier of its current step on every endpoint."""
         self.wait_sends()
         kind = pb.SEND if send else pb.FETCH
-        req = pb.BarrierRequest(trainer_id=self.trainer_id, step=self.step, kind=kind).SerializeToString()
+        req = pb.BarrierRequest(trainer_id=self.trainer_id, step=self.step, kind=kind,
+                                incarnation=self.incarnation).SerializeToString()
         self._all([(ep, "Barrier", req, f"({'SEND' if send else 'FETCH'}, step {self.step})") for ep in endpoints])
         if send:
             self._barrier_sent = True
@@ -187,7 +249,8 @@ class RPCClient:
 
     def checkpoint(self, endpoints: Sequence[str], dirname: str) -> None:
         self.wait_sends()
-        req = pb.CheckpointRequest(trainer_id=self.trainer_id, dirname=dirname).SerializeToString()
+        req = pb.CheckpointRequest(trainer_id=self.trainer_id, dirname=dirname,
+                                   incarnation=self.incarnation).SerializeToString()
         self._all([(ep, "CheckpointNotify", req, f"of {dirname!r}") for ep in endpoints])
 
     def health(self, endpoint: str) -> pb.HealthReply:
@@ -199,8 +262,8 @@ class RPCClient:
             return
         try:
             self.wait_sends()
-            req = pb.CompleteRequest(trainer_id=self.trainer_id).SerializeToString()
-            talked = [name for name, ep in self._endpoints.items() if ep.ready]
+            req = pb.CompleteRequest(trainer_id=self.trainer_id, incarnation=self.incarnation).SerializeToString()
+            talked = [name for name, ep in self._endpoints.items() if ep.announced]
             self._all([(ep, "Complete", req, "") for ep in talked])
         finally:
             self._closed = True

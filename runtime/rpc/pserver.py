@@ -13,16 +13,47 @@ Protocol (sync mode, one step ``s``; every trainer is identified by its id):
 3. trainers fetch parameters (``get``, answered at once: nothing changes them until step ``s + 1``'s
    barrier), then send a FETCH barrier; when every live trainer's is in, the step becomes ``s + 1``.
 A FETCH barrier for a step whose SEND barrier the trainer did not send (the trainer startup program's)
-changes nothing. ``complete(t)`` removes ``t`` from the live trainers (its gradient copies are zeroed,
-so nothing stale is applied again) and may thereby finish a barrier; once every trainer has completed,
-``wait`` returns. Async mode: each gradient runs its optimize block on arrival, under that block's lock;
+changes nothing. ``complete(t)`` removes ``t`` from the live trainers (what it sent and had acknowledged
+is still applied; copies it does not send again are zeroed at the next optimize, see Averaging) and may
+thereby finish a barrier; once every trainer has completed, ``wait`` returns.
+
+Trainer incarnations: before its first request a trainer's client announces itself (``announce``: trainer
+id plus a random non-zero incarnation id). Sends, barriers, ``complete`` and ``checkpoint`` are accepted
+only from the live incarnation of an announced id (FAILED_PRECONDITION otherwise, nothing changed): a
+forged request that does not know the incarnation can neither finish nor corrupt the job. Sequence
+numbers are per (incarnation, variable) and advance by one: a repeated or older seq is a retry
+(acknowledged, dropped); a jump is FAILED_PRECONDITION. A restarted trainer (same id, new incarnation)
+either rejoins (``allow_rejoin``, the default) or is refused with FAILED_PRECONDITION. A rejoining
+trainer is admitted at the next step boundary: the step in progress completes without it (whatever its
+dead incarnation sent, every send that was acknowledged, is applied; if it had already sent gradients for
+the next step, it joins one step later so those are applied too), ``announce`` returns once the pserver
+has reached that step, with the trainer's sequence numbers reset; the rejoin is logged. In async mode a
+new incarnation replaces the old one at once.
+
+Averaging (sync mode): the program sums the trainers' gradient copies and scales by 1/trainers. A step
+averages over the trainers that sent that gradient in that step: copies not sent this step are zeroed
+(nothing stale is applied twice) and, when fewer than ``trainers`` sent, the sent copies are scaled by
+``trainers / senders`` before the optimize blocks run. So after a trainer completes (uneven data) a step
+is the mean over the batches actually present, exactly as single-process training on those batches.
+
+Non-finite gradients: with ``check_finite`` (the default) a floating gradient holding NaN or Inf is
+refused (INVALID_ARGUMENT naming the variable, the trainer and the step), nothing is stored or applied,
+and ``health()["rejected_nonfinite"]`` counts it.
+
+Checkpoints: ``checkpoint(name)`` saves under ``checkpoint_root/name/pserver_<id>``; ``checkpoint_root``
+is the pserver's own configuration and ``name`` must be a relative path that stays under it (no ``..``,
+no absolute path, no symlink leading out); without a root, CheckpointNotify is refused.
+
+Async mode: each gradient runs its optimize block on arrival, under that block's lock;
 a ``get`` reads under the lock of the block that writes the variable; there are no barriers.
 
 Invariants:
 - Every request is validated completely before any state changes: a rejected request leaves the
   parameters and the protocol state exactly as they were.
-- Retries are harmless: a send whose (trainer, variable, seq) was seen is acknowledged and dropped;
-  barriers and ``complete`` are idempotent.
+- Retries are harmless: a send whose (trainer incarnation, variable, seq) was seen is acknowledged and
+  dropped; barriers, ``announce`` and ``complete`` are idempotent.
+- Nothing acknowledged is dropped: a stored send is applied in the step it was sent for (a later send of
+  the same variable for the same step by the same incarnation replaces it; RPCClient never does that).
 - No wait is unbounded: a sync step whose barrier is partly in for longer than ``barrier_timeout``
   seconds (or, in async mode, a live trainer silent that long) fails the pserver with an error naming
   the missing trainers and the step; every blocked call then returns ABORTED with that message.
@@ -35,6 +66,7 @@ from __future__ import annotations
 
 import enum
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,6 +88,7 @@ class Status(enum.Enum):
     """The outcome classes of a request; the servicer maps them to gRPC status codes of the same name."""
 
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
     NOT_FOUND = "NOT_FOUND"
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
     ABORTED = "ABORTED"
@@ -118,6 +151,15 @@ class ServeConfig:
 
 
 @dataclass
+class _Incarnation:
+    """The live incarnation of an announced trainer id."""
+
+    incarnation: int
+    joins_at: int  # the first sync step it takes part in
+    seen_seq: dict[str, int] = field(default_factory=dict)  # variable -> last stored seq
+
+
+@dataclass
 class _SyncState:
     step: int = 0
     sent: set[int] = field(default_factory=set)  # SEND barriers in for `step`
@@ -131,11 +173,17 @@ class PServer:
     ``program`` against ``scope`` (normally ``Executor.run_block``)."""
 
     def __init__(self, program: Program, scope: Scope, op: Operator, run_block: Callable[[int, Scope], None], *,
-                 barrier_timeout: float = 120.0, save_persistables: Callable[[str], None] | None = None) -> None:
+                 barrier_timeout: float = 120.0, save_persistables: Callable[[str], None] | None = None,
+                 checkpoint_root: str | None = None, allow_rejoin: bool = True, check_finite: bool = True,
+                 log: Callable[[str], None] | None = None) -> None:
         self.program, self.scope, self.config = program, scope, ServeConfig.from_op(op)
         self._run_block = run_block
         self._save = save_persistables
         self.barrier_timeout = barrier_timeout
+        self.checkpoint_root = checkpoint_root
+        self.allow_rejoin = allow_rejoin
+        self.check_finite = check_finite
+        self._log = log or _log_stderr
         block = program.global_block()
         self._received: dict[str, Variable] = {n: block.var(n) for n in op.input("X")}
         self._grad_block = {}
@@ -158,7 +206,13 @@ class PServer:
                     self._writer_lock.setdefault(n, self._block_locks[idx])
         self._cv = threading.Condition()
         self._live = set(range(self.config.trainers))
-        self._seen_seq: dict[tuple[int, str], int] = {}
+        self._trainers: dict[int, _Incarnation] = {}
+        self._fresh: dict[int, set[str]] = {}  # sync step -> trainer copies stored for it
+        self._copies: dict[str, list[str]] = {}  # summed gradient -> the trainers' copies of it
+        for name, var in self._received.items():
+            if var.copy_of and var.trainer_id is not None:
+                self._copies.setdefault(var.copy_of, []).append(name)
+        self.rejected_nonfinite = 0
         self._last_seen = {t: time.monotonic() for t in self._live}
         self._sync = _SyncState()
         self._failure: PServerError | None = None
@@ -171,7 +225,6 @@ class PServer:
                                f"{what}: trainer_id {trainer_id} is out of range; this pserver serves "
                                f"{self.config.trainers} trainers (ids 0..{self.config.trainers - 1})",
                                hint="set PADDLE_TRAINER_ID below PADDLE_TRAINERS_NUM, as transpiled")
-        self._last_seen[trainer_id] = time.monotonic()
 
     def _check_running(self) -> None:
         if self._failure is not None:
@@ -183,7 +236,78 @@ class PServer:
                                f"{what} from trainer {trainer_id}, which already sent Complete",
                                hint="a trainer sends nothing after Executor.close()")
 
+    def _check_incarnation(self, trainer_id: int, incarnation: int, what: str) -> _Incarnation:
+        """The live incarnation of ``trainer_id``, if ``incarnation`` is it (called with the lock held)."""
+        cur = self._trainers.get(trainer_id)
+        if cur is None:
+            raise PServerError(Status.FAILED_PRECONDITION,
+                               f"{what} from trainer {trainer_id}, which has not announced itself to this pserver",
+                               hint="a trainer's RPCClient announces (trainer id, incarnation) before its first "
+                                    "request; a request without it is not from this job's trainers")
+        if cur.incarnation != incarnation:
+            raise PServerError(Status.FAILED_PRECONDITION,
+                               f"{what} from incarnation {incarnation:#x} of trainer {trainer_id}, but its live "
+                               f"incarnation is {cur.incarnation:#x}",
+                               hint="the trainer was restarted: only its newest process may talk to the pservers")
+        self._last_seen[trainer_id] = time.monotonic()  # only the live incarnation keeps a trainer alive
+        return cur
+
+    def _required(self) -> set[int]:
+        """The live trainers the current sync step waits for (a rejoining trainer joins at a later step)."""
+        step = self._sync.step
+        return {t for t in self._live if t not in self._trainers or self._trainers[t].joins_at <= step}
+
     # --- requests
+    def announce(self, trainer_id: int, incarnation: int, join_at: int = 0) -> int:
+        """Trainer ``trainer_id`` starts talking as ``incarnation``; returns the first step it takes part in.
+
+        A first announcement joins at the current step. A new incarnation of an announced id (a restarted
+        trainer) is refused unless ``allow_rejoin``; otherwise it replaces the old one, joins at the next
+        step boundary (or ``join_at`` when later: the client aligns its pservers) with its sequence numbers
+        reset, and this call returns once the pserver has reached that step."""
+        self._check_trainer(trainer_id, "Announce")
+        if incarnation <= 0:
+            raise PServerError(Status.INVALID_ARGUMENT,
+                               f"Announce of trainer {trainer_id}: incarnation {incarnation} must be a positive "
+                               "random id", hint="RPCClient draws one per trainer process")
+        if join_at < 0:
+            raise PServerError(Status.INVALID_ARGUMENT, f"Announce of trainer {trainer_id}: join_at {join_at} < 0")
+        with self._cv:
+            self._check_running()
+            cur = self._trainers.get(trainer_id)
+            if cur is not None and cur.incarnation == incarnation:
+                joins = cur.joins_at  # a retried announcement
+            else:
+                self._check_live(trainer_id, "Announce")
+                sync = self.config.sync_mode
+                if cur is None:
+                    joins = max(self._sync.step, join_at) if sync else 0
+                else:
+                    if not self.allow_rejoin:
+                        raise PServerError(
+                            Status.FAILED_PRECONDITION,
+                            f"trainer {trainer_id} restarted (incarnation {incarnation:#x} replaces "
+                            f"{cur.incarnation:#x}), but this job forbids rejoining",
+                            hint="restart the whole job from a checkpoint, or allow rejoin "
+                                 "(FLAGS_pserver_allow_rejoin=1)")
+                    joins = self._sync.step + 1
+                    mine = {n for n, v in self._received.items() if v.trainer_id == trainer_id}
+                    if mine & self._fresh.get(joins, set()):
+                        joins += 1  # the old incarnation already sent for the next step: that step keeps them
+                    joins = max(joins, join_at) if sync else 0
+                    self._log(f"pserver {self.config.endpoint}: trainer {trainer_id} rejoined as incarnation "
+                              f"{incarnation:#x} (was {cur.incarnation:#x}); it takes part from step {joins}"
+                              + ("" if sync else " (async)"))
+                self._trainers[trainer_id] = _Incarnation(incarnation, joins)
+                self._last_seen[trainer_id] = time.monotonic()
+                if sync and self._failure is None:
+                    self._maybe_optimize()
+                    self._maybe_advance()
+                self._cv.notify_all()
+            if self.config.sync_mode:
+                self._wait(lambda: self._sync.step >= joins, trainer_id, f"step {joins} to join at")
+            return joins
+
     def send(self, msg: Decoded) -> None:
         """Store (sync) or apply (async) one received gradient."""
         t, name = msg.header.trainer_id, msg.name
@@ -197,23 +321,46 @@ class PServer:
             raise PServerError(Status.INVALID_ARGUMENT,
                                f"send of {name!r}: that is trainer {var.trainer_id}'s copy, but the request comes "
                                f"from trainer {t}", hint="each trainer sends only its own gradient copies")
+        seq = msg.header.seq
+        if seq <= 0:
+            raise PServerError(Status.INVALID_ARGUMENT, f"send of {name!r} from trainer {t}: seq {seq} must be "
+                               "at least 1", hint="RPCClient numbers each variable's sends 1, 2, 3, ...")
         value = self._checked_value(name, var, msg.value)
+        if self.check_finite:
+            bad = _nonfinite_count(value)
+            if bad:
+                with self._cv:
+                    self.rejected_nonfinite += 1
+                raise PServerError(Status.INVALID_ARGUMENT,
+                                   f"send of {name!r} from trainer {t} for step {msg.header.step}: the gradient "
+                                   f"holds {bad} NaN or Inf value(s); refused, the parameter is unchanged",
+                                   hint="lower the learning rate, clip gradients, or check the input data "
+                                        "(FLAGS_pserver_check_finite=0 turns this check off)")
         if name in self._table_grads:
             value = self._local_rows(name, value)
         if isinstance(value, SelectedRows):
             value = _pad_rows(value)
-        key = (t, name)
         with self._cv:
             self._check_running()
+            me = self._check_incarnation(t, msg.header.incarnation, f"send of {name!r}")
             self._check_live(t, f"send of {name!r}")
-            if msg.header.seq and self._seen_seq.get(key, 0) >= msg.header.seq:
+            last = me.seen_seq.get(name, 0)
+            if seq <= last:
                 return  # a retry of a send already stored
             if self.config.sync_mode:
                 self._check_send_step(t, name, msg.header.step)
+            if seq != last + 1:
+                raise PServerError(Status.FAILED_PRECONDITION,
+                                   f"send of {name!r} from trainer {t}: seq {seq} skips ahead; the next is "
+                                   f"{last + 1} (a seq up to {last} is a retry)",
+                                   hint="sequence numbers of a trainer incarnation advance by one per variable")
+            if self.config.sync_mode:
                 self.scope.set_var(name, value)
-                self._seen_seq[key] = msg.header.seq
+                me.seen_seq[name] = seq
+                if var.trainer_id is not None:
+                    self._fresh.setdefault(msg.header.step, set()).add(name)
                 return
-            self._seen_seq[key] = msg.header.seq
+            me.seen_seq[name] = seq
         self._apply_async(t, name, value)
 
     def get(self, trainer_id: int, name: str) -> bytes:
@@ -269,13 +416,15 @@ class PServer:
             self._run_block(block_idx, scope)
             return encode_variable(out_name, scope.var(out_name))
 
-    def barrier(self, trainer_id: int, step: int, kind: BarrierKind) -> None:
+    def barrier(self, trainer_id: int, step: int, kind: BarrierKind, incarnation: int) -> None:
         """A trainer's SEND or FETCH barrier of ``step`` (sync mode; a no-op in async mode)."""
         self._check_trainer(trainer_id, f"{kind.name} barrier")
-        if not self.config.sync_mode:
-            return
         with self._cv:
+            if not self.config.sync_mode:
+                self._check_incarnation(trainer_id, incarnation, f"{kind.name} barrier of step {step}")
+                return
             self._check_running()
+            self._check_incarnation(trainer_id, incarnation, f"{kind.name} barrier of step {step}")
             self._check_live(trainer_id, f"{kind.name} barrier of step {step}")
             st = self._sync
             if kind is BarrierKind.FETCH:
@@ -302,41 +451,49 @@ class PServer:
             self._wait(lambda: self._sync.step > step or self._sync.optimized, trainer_id,
                        f"the SEND barriers of step {step}")
 
-    def complete(self, trainer_id: int) -> None:
+    def complete(self, trainer_id: int, incarnation: int) -> None:
         """Trainer ``trainer_id`` is done: it leaves every later barrier."""
         self._check_trainer(trainer_id, "Complete")
         with self._cv:
+            self._check_incarnation(trainer_id, incarnation, "Complete")
             if trainer_id not in self._live:
                 return
-            for name, var in self._received.items():
-                if var.trainer_id == trainer_id:
-                    self.scope.set_var(name, self._zeros_of(name, var))
             self._live.discard(trainer_id)
             if self.config.sync_mode and self._failure is None:
                 self._maybe_optimize()
                 self._maybe_advance()
             self._cv.notify_all()
 
-    def checkpoint(self, trainer_id: int, dirname: str) -> str:
-        """Save every persistable variable of the pserver under ``dirname/pserver_<id>``; returns that path."""
+    def checkpoint(self, trainer_id: int, dirname: str, incarnation: int) -> str:
+        """Save every persistable variable of the pserver under ``checkpoint_root/dirname/pserver_<id>``
+        (``dirname`` relative, staying under the root); returns that path."""
         self._check_trainer(trainer_id, "CheckpointNotify")
-        if not dirname:
-            raise PServerError(Status.INVALID_ARGUMENT, "CheckpointNotify names no directory",
-                               hint="pass the checkpoint directory to save_persistables")
         if self._save is None:
             raise PServerError(Status.FAILED_PRECONDITION, "this pserver was started without a way to save")
-        path = checkpoint_dir(dirname, self.config.pserver_id)
+        if not self.checkpoint_root:
+            raise PServerError(Status.FAILED_PRECONDITION,
+                               f"CheckpointNotify of {dirname!r}: pserver {self.config.endpoint} has no checkpoint "
+                               "root, so it saves nothing a request names",
+                               hint="start the pservers with FLOTILLA_CHECKPOINT_ROOT=DIR (flotilla launch passes "
+                                    "it on) and save checkpoints under it")
+        path = resolve_checkpoint(self.checkpoint_root, dirname, self.config.pserver_id)
         with self._cv:
             self._check_running()
+            self._check_incarnation(trainer_id, incarnation, "CheckpointNotify")
             with _all(self._block_locks.values()):
-                self._save(path)
+                try:
+                    self._save(path)
+                except FlotillaError as e:
+                    raise PServerError(Status.FAILED_PRECONDITION, f"CheckpointNotify of {dirname!r}: {e.message}",
+                                       hint=e.hint) from None
         return path
 
     def health(self) -> dict[str, Any]:
         with self._cv:
             return {"serving": self._failure is None and bool(self._live), "endpoint": self.config.endpoint,
                     "pserver_id": self.config.pserver_id, "sync_mode": self.config.sync_mode,
-                    "step": self._sync.step, "live_trainers": sorted(self._live)}
+                    "step": self._sync.step, "live_trainers": sorted(self._live),
+                    "rejected_nonfinite": self.rejected_nonfinite}
 
     # --- serving
     def wait(self, poll: float = 0.2) -> None:
@@ -361,7 +518,7 @@ class PServer:
         if self.config.sync_mode:
             if st.started_at is not None and now - st.started_at > self.barrier_timeout:
                 phase, done = ("FETCH", st.fetched) if st.optimized else ("SEND", st.sent)
-                missing = sorted(self._live - done)
+                missing = sorted(self._required() - done)
                 self.fail(PServerError(
                     Status.ABORTED,
                     f"pserver {self.config.endpoint}: step {st.step} waited {self.barrier_timeout:g}s for the "
@@ -401,8 +558,10 @@ class PServer:
 
     def _maybe_optimize(self) -> None:
         st = self._sync
-        if st.optimized or not self._live or not self._live <= st.sent:
+        required = self._required()
+        if st.optimized or not required or not required <= st.sent:
             return
+        self._average_over_senders(self._fresh.pop(st.step, set()))
         try:
             for idx in self.config.optimize_blocks:
                 self._run_block(idx, self.scope)
@@ -415,9 +574,23 @@ class PServer:
         st.started_at = time.monotonic()
         self._cv.notify_all()
 
+    def _average_over_senders(self, fresh: set[str]) -> None:
+        """Zero the copies not sent this step; scale the sent ones so the program's 1/trainers is 1/senders."""
+        for copies in self._copies.values():
+            sent = [c for c in copies if c in fresh]
+            if len(sent) == len(copies):
+                continue
+            for c in copies:
+                if c not in fresh:
+                    self.scope.set_var(c, self._zeros_of(c, self._received[c]))
+            if sent:
+                factor = self.config.trainers / len(sent)
+                for c in sent:
+                    self.scope.set_var(c, _scaled(self.scope.find_var(c), factor))
+
     def _maybe_advance(self) -> None:
         st = self._sync
-        if st.optimized and self._live <= st.fetched:
+        if st.optimized and self._required() <= st.fetched:
             self._sync = _SyncState(step=st.step + 1)
             self._cv.notify_all()
 
@@ -485,6 +658,50 @@ class PServer:
 def checkpoint_dir(dirname: str, pserver_id: int) -> str:
     """Where pserver ``pserver_id`` saves and loads its part of a checkpoint under ``dirname``."""
     return os.path.join(dirname, f"pserver_{pserver_id}")
+
+
+def resolve_checkpoint(root: str, name: str, pserver_id: int) -> str:
+    """``root/name/pserver_<id>``, if ``name`` is a relative path that stays under ``root`` once every
+    symlink is resolved; PServerError INVALID_ARGUMENT otherwise."""
+    what = f"CheckpointNotify of {name!r}"
+    hint = "name a checkpoint by a relative path under the pserver's checkpoint root (FLOTILLA_CHECKPOINT_ROOT)"
+    if not name or "\0" in name:
+        raise PServerError(Status.INVALID_ARGUMENT, f"{what}: the checkpoint name is empty or holds NUL", hint=hint)
+    if os.path.isabs(name):
+        raise PServerError(Status.INVALID_ARGUMENT, f"{what}: absolute paths are refused", hint=hint)
+    parts = name.replace("\\", "/").split("/")
+    if ".." in parts:
+        raise PServerError(Status.INVALID_ARGUMENT, f"{what}: '..' is refused", hint=hint)
+    real_root = os.path.realpath(root)
+    path = os.path.join(real_root, name, f"pserver_{pserver_id}")
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_root, real]) != real_root or real == real_root:
+        raise PServerError(Status.INVALID_ARGUMENT, f"{what}: it leads out of the checkpoint root {real_root} "
+                           f"(to {real}) through a symlink", hint=hint)
+    return real
+
+
+def _log_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _nonfinite_count(value: Any) -> int:
+    """How many NaN/Inf values a received floating value holds (0 for integer dtypes)."""
+    values = value.values if isinstance(value, SelectedRows) else value
+    arr = np.asarray(values)
+    if arr.dtype.kind != "f" or not arr.size:
+        return 0
+    if np.isfinite(arr).all():  # the common case: one pass, no temporaries kept
+        return 0
+    return int(arr.size - np.count_nonzero(np.isfinite(arr)))
+
+
+def _scaled(value: Any, factor: float) -> Any:
+    if isinstance(value, SelectedRows):
+        values = np.asarray(value.values)
+        return SelectedRows(value.rows, values * values.dtype.type(factor), value.height)
+    arr = np.asarray(value)
+    return arr * arr.dtype.type(factor)
 
 
 class _WriteThrough(Scope):

@@ -24,35 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bruntime/rpc/send_recv.proto\x12\x0c\x66lotilla.rpc\"\xd0\x01\n\x0fVariableMessage\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04type\x18\x02 \x01(\x0e\x32\x15.flotilla.rpc.VarType\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0c\n\x04\x64ims\x18\x04 \x03(\x03\x12\x0e\n\x06height\x18\x05 \x01(\x03\x12\x12\n\ntrainer_id\x18\x06 \x01(\x05\x12\x0c\n\x04step\x18\x07 \x01(\x03\x12\x0b\n\x03seq\x18\x08 \x01(\x03\x12\x12\n\ntable_name\x18\t \x01(\t\x12\x0c\n\x04rows\x18\x0e \x01(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"A\n\x0fVariableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ntrainer_id\x18\x02 \x01(\x05\x12\x0c\n\x04step\x18\x03 \x01(\x03\"[\n\x0e\x42\x61rrierRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.flotilla.rpc.BarrierKind\"%\n\x0f\x43ompleteRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\"8\n\x11\x43heckpointRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x64irname\x18\x02 \x01(\t\"\x0f\n\rHealthRequest\"\xc5\x01\n\x0bHealthReply\x12\x30\n\x06status\x18\x01 \x01(\x0e\x32 .flotilla.rpc.HealthReply.Status\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x12\n\npserver_id\x18\x03 \x01(\x05\x12\x11\n\tsync_mode\x18\x04 \x01(\x08\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x15\n\rlive_trainers\x18\x06 \x03(\x05\"&\n\x06Status\x12\x0f\n\x0bNOT_SERVING\x10\x00\x12\x0b\n\x07SERVING\x10\x01\"\x07\n\x05Reply*,\n\x07VarType\x12\x0e\n\nLOD_TENSOR\x10\x00\x12\x11\n\rSELECTED_ROWS\x10\x01*\"\n\x0b\x42\x61rrierKind\x12\x08\n\x04SEND\x10\x00\x12\t\n\x05\x46\x45TCH\x10\x01\x32\xfe\x03\n\x0fParameterServer\x12\x42\n\x0cSendVariable\x12\x1d.flotilla.rpc.VariableMessage\x1a\x13.flotilla.rpc.Reply\x12K\n\x0bGetVariable\x12\x1d.flotilla.rpc.VariableRequest\x1a\x1d.flotilla.rpc.VariableMessage\x12P\n\x10PrefetchVariable\x12\x1d.flotilla.rpc.VariableMessage\x1a\x1d.flotilla.rpc.VariableMessage\x12<\n\x07\x42\x61rrier\x12\x1c.flotilla.rpc.BarrierRequest\x1a\x13.flotilla.rpc.Reply\x12>\n\x08\x43omplete\x12\x1d.flotilla.rpc.CompleteRequest\x1a\x13.flotilla.rpc.Reply\x12H\n\x10\x43heckpointNotify\x12\x1f.flotilla.rpc.CheckpointRequest\x1a\x13.flotilla.rpc.Reply\x12@\n\x06Health\x12\x1b.flotilla.rpc.HealthRequest\x1a\x19.flotilla.rpc.HealthReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bruntime/rpc/send_recv.proto\x12\x0c\x66lotilla.rpc\"\xe5\x01\n\x0fVariableMessage\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04type\x18\x02 \x01(\x0e\x32\x15.flotilla.rpc.VarType\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0c\n\x04\x64ims\x18\x04 \x03(\x03\x12\x0e\n\x06height\x18\x05 \x01(\x03\x12\x12\n\ntrainer_id\x18\x06 \x01(\x05\x12\x0c\n\x04step\x18\x07 \x01(\x03\x12\x0b\n\x03seq\x18\x08 \x01(\x03\x12\x12\n\ntable_name\x18\t \x01(\t\x12\x13\n\x0bincarnation\x18\n \x01(\x04\x12\x0c\n\x04rows\x18\x0e \x01(\x0c\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\"A\n\x0fVariableRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\ntrainer_id\x18\x02 \x01(\x05\x12\x0c\n\x04step\x18\x03 \x01(\x03\"p\n\x0e\x42\x61rrierRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\'\n\x04kind\x18\x03 \x01(\x0e\x32\x19.flotilla.rpc.BarrierKind\x12\x13\n\x0bincarnation\x18\x04 \x01(\x04\":\n\x0f\x43ompleteRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\"M\n\x11\x43heckpointRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x0f\n\x07\x64irname\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\"K\n\x0f\x41nnounceRequest\x12\x12\n\ntrainer_id\x18\x01 \x01(\x05\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x0f\n\x07join_at\x18\x03 \x01(\x03\"\x1d\n\rAnnounceReply\x12\x0c\n\x04step\x18\x01 \x01(\x03\"\x0f\n\rHealthRequest\"\xe1\x01\n\x0bHealthReply\x12\x30\n\x06status\x18\x01 \x01(\x0e\x32 .flotilla.rpc.HealthReply.Status\x12\x10\n\x08\x65ndpoint\x18\x02 \x01(\t\x12\x12\n\npserver_id\x18\x03 \x01(\x05\x12\x11\n\tsync_mode\x18\x04 \x01(\x08\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x15\n\rlive_trainers\x18\x06 \x03(\x05\x12\x1a\n\x12rejected_nonfinite\x18\x07 \x01(\x03\"&\n\x06Status\x12\x0f\n\x0bNOT_SERVING\x10\x00\x12\x0b\n\x07SERVING\x10\x01\"\x07\n\x05Reply*,\n\x07VarType\x12\x0e\n\nLOD_TENSOR\x10\x00\x12\x11\n\rSELECTED_ROWS\x10\x01*\"\n\x0b\x42\x61rrierKind\x12\x08\n\x04SEND\x10\x00\x12\t\n\x05\x46\x45TCH\x10\x01\x32\xc6\x04\n\x0fParameterServer\x12\x42\n\x0cSendVariable\x12\x1d.flotilla.rpc.VariableMessage\x1a\x13.flotilla.rpc.Reply\x12K\n\x0bGetVariable\x12\x1d.flotilla.rpc.VariableRequest\x1a\x1d.flotilla.rpc.VariableMessage\x12P\n\x10PrefetchVariable\x12\x1d.flotilla.rpc.VariableMessage\x1a\x1d.flotilla.rpc.VariableMessage\x12<\n\x07\x42\x61rrier\x12\x1c.flotilla.rpc.BarrierRequest\x1a\x13.flotilla.rpc.Reply\x12>\n\x08\x43omplete\x12\x1d.flotilla.rpc.CompleteRequest\x1a\x13.flotilla.rpc.Reply\x12H\n\x10\x43heckpointNotify\x12\x1f.flotilla.rpc.CheckpointRequest\x1a\x13.flotilla.rpc.Reply\x12@\n\x06Health\x12\x1b.flotilla.rpc.HealthRequest\x1a\x19.flotilla.rpc.HealthReply\x12\x46\n\x08\x41nnounce\x12\x1d.flotilla.rpc.AnnounceRequest\x1a\x1b.flotilla.rpc.AnnounceReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'runtime.rpc.send_recv_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VARTYPE']._serialized_start=739
-  _globals['_VARTYPE']._serialized_end=783
-  _globals['_BARRIERKIND']._serialized_start=785
-  _globals['_BARRIERKIND']._serialized_end=819
+  _globals['_VARTYPE']._serialized_start=959
+  _globals['_VARTYPE']._serialized_end=1003
+  _globals['_BARRIERKIND']._serialized_start=1005
+  _globals['_BARRIERKIND']._serialized_end=1039
   _globals['_VARIABLEMESSAGE']._serialized_start=46
-  _globals['_VARIABLEMESSAGE']._serialized_end=254
-  _globals['_VARIABLEREQUEST']._serialized_start=256
-  _globals['_VARIABLEREQUEST']._serialized_end=321
-  _globals['_BARRIERREQUEST']._serialized_start=323
-  _globals['_BARRIERREQUEST']._serialized_end=414
-  _globals['_COMPLETEREQUEST']._serialized_start=416
-  _globals['_COMPLETEREQUEST']._serialized_end=453
-  _globals['_CHECKPOINTREQUEST']._serialized_start=455
-  _globals['_CHECKPOINTREQUEST']._serialized_end=511
-  _globals['_HEALTHREQUEST']._serialized_start=513
-  _globals['_HEALTHREQUEST']._serialized_end=528
-  _globals['_HEALTHREPLY']._serialized_start=531
-  _globals['_HEALTHREPLY']._serialized_end=728
-  _globals['_HEALTHREPLY_STATUS']._serialized_start=690
-  _globals['_HEALTHREPLY_STATUS']._serialized_end=728
-  _globals['_REPLY']._serialized_start=730
-  _globals['_REPLY']._serialized_end=737
-  _globals['_PARAMETERSERVER']._serialized_start=822
-  _globals['_PARAMETERSERVER']._serialized_end=1332
+  _globals['_VARIABLEMESSAGE']._serialized_end=275
+  _globals['_VARIABLEREQUEST']._serialized_start=277
+  _globals['_VARIABLEREQUEST']._serialized_end=342
+  _globals['_BARRIERREQUEST']._serialized_start=344
+  _globals['_BARRIERREQUEST']._serialized_end=456
+  _globals['_COMPLETEREQUEST']._serialized_start=458
+  _globals['_COMPLETEREQUEST']._serialized_end=516
+  _globals['_CHECKPOINTREQUEST']._serialized_start=518
+  _globals['_CHECKPOINTREQUEST']._serialized_end=595
+  _globals['_ANNOUNCEREQUEST']._serialized_start=597
+  _globals['_ANNOUNCEREQUEST']._serialized_end=672
+  _globals['_ANNOUNCEREPLY']._serialized_start=674
+  _globals['_ANNOUNCEREPLY']._serialized_end=703
+  _globals['_HEALTHREQUEST']._serialized_start=705
+  _globals['_HEALTHREQUEST']._serialized_end=720
+  _globals['_HEALTHREPLY']._serialized_start=723
+  _globals['_HEALTHREPLY']._serialized_end=948
+  _globals['_HEALTHREPLY_STATUS']._serialized_start=910
+  _globals['_HEALTHREPLY_STATUS']._serialized_end=948
+  _globals['_REPLY']._serialized_start=950
+  _globals['_REPLY']._serialized_end=957
+  _globals['_PARAMETERSERVER']._serialized_start=1042
+  _globals['_PARAMETERSERVER']._serialized_end=1624
 # @@protoc_insertion_point(module_scope)

@@ -69,6 +69,11 @@ class ParameterServerStub:
                 request_serializer=runtime_dot_rpc_dot_send__recv__pb2.HealthRequest.SerializeToString,
                 response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.HealthReply.FromString,
                 _registered_method=True)
+        self.Announce = channel.unary_unary(
+                '/flotilla.rpc.ParameterServer/Announce',
+                request_serializer=runtime_dot_rpc_dot_send__recv__pb2.AnnounceRequest.SerializeToString,
+                response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.AnnounceReply.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -116,6 +121,12 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Announce(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +164,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Health,
                     request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.HealthRequest.FromString,
                     response_serializer=runtime_dot_rpc_dot_send__recv__pb2.HealthReply.SerializeToString,
+            ),
+            'Announce': grpc.unary_unary_rpc_method_handler(
+                    servicer.Announce,
+                    request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.AnnounceRequest.FromString,
+                    response_serializer=runtime_dot_rpc_dot_send__recv__pb2.AnnounceReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +360,33 @@ class ParameterServer:
             '/flotilla.rpc.ParameterServer/Health',
             runtime_dot_rpc_dot_send__recv__pb2.HealthRequest.SerializeToString,
             runtime_dot_rpc_dot_send__recv__pb2.HealthReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Announce(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flotilla.rpc.ParameterServer/Announce',
+            runtime_dot_rpc_dot_send__recv__pb2.AnnounceRequest.SerializeToString,
+            runtime_dot_rpc_dot_send__recv__pb2.AnnounceReply.FromString,
             options,
             channel_credentials,
             insecure,

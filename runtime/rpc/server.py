@@ -9,15 +9,23 @@ Server options: message limits from the largest variable the program moves (at l
 ``grpc.so_reuseport`` off (binding a taken port fails instead of sharing it), no HTTP proxy, keepalive
 pings allowed every 10 s. The handler pool has room for a blocked barrier per trainer plus the sends and
 gets of every trainer, so blocking barriers cannot starve the calls that release them.
+
+Trust: with a job token (``RPCSecurity.token``) every call must carry ``authorization: Bearer <token>``
+metadata; anything else is answered UNAUTHENTICATED before the request is even decoded (constant-time
+compare; the token is never logged). Without a token nothing is checked, as before tokens existed. With
+a certificate and key the server speaks TLS only; given a CA too, it requires client certificates
+signed by it (mutual TLS).
 """
 from __future__ import annotations
 
+import hmac
 from concurrent import futures
 from typing import Any, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from runtime.flags import RPCSecurity
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
 from runtime.rpc.wire import WireError, decode_variable
@@ -25,6 +33,7 @@ from runtime.scope import ExecutionError
 
 SERVICE = "flotilla.rpc.ParameterServer"
 MIN_MESSAGE = 4 << 20
+AUTH_METADATA = "authorization"
 _REPLY = pb.Reply().SerializeToString()
 
 
@@ -48,11 +57,27 @@ def _parse(message_cls: Any, raw: bytes) -> Any:
 class ParameterServerService:
     """The handlers; each returns response bytes or aborts the call with a status and a message."""
 
-    def __init__(self, pserver: PServer) -> None:
+    def __init__(self, pserver: PServer, token: str | None = None) -> None:
         self.pserver = pserver
+        self._expected = f"Bearer {token}".encode("utf-8") if token else None
+
+    def _authenticated(self, context: grpc.ServicerContext) -> bool:
+        if self._expected is None:
+            return True
+        got = b""
+        for key, value in context.invocation_metadata() or ():
+            if key == AUTH_METADATA:
+                got = value.encode("utf-8", "replace") if isinstance(value, str) else bytes(value)
+                break
+        return hmac.compare_digest(got, self._expected)
 
     def _guard(self, fn: Callable[[bytes], bytes]) -> Callable[[bytes, grpc.ServicerContext], bytes]:
         def handler(raw: bytes, context: grpc.ServicerContext) -> bytes:
+            if not self._authenticated(context):
+                context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                              f"pserver {self.pserver.config.endpoint}: the call does not carry this job's token; "
+                              "nothing was done (hint: run every process of the job with the same "
+                              "FLOTILLA_JOB_TOKEN; flotilla launch sets it)")
             try:
                 return fn(raw)
             except PServerError as e:
@@ -80,41 +105,60 @@ class ParameterServerService:
         req = _parse(pb.BarrierRequest, raw)
         if req.kind not in (pb.SEND, pb.FETCH):
             raise PServerError(Status.INVALID_ARGUMENT, f"unknown barrier kind {req.kind}; expected SEND or FETCH")
-        self.pserver.barrier(req.trainer_id, req.step, BarrierKind(req.kind))
+        self.pserver.barrier(req.trainer_id, req.step, BarrierKind(req.kind), req.incarnation)
         return _REPLY
 
     def complete(self, raw: bytes) -> bytes:
-        self.pserver.complete(_parse(pb.CompleteRequest, raw).trainer_id)
+        req = _parse(pb.CompleteRequest, raw)
+        self.pserver.complete(req.trainer_id, req.incarnation)
         return _REPLY
 
     def checkpoint_notify(self, raw: bytes) -> bytes:
         req = _parse(pb.CheckpointRequest, raw)
-        self.pserver.checkpoint(req.trainer_id, req.dirname)
+        self.pserver.checkpoint(req.trainer_id, req.dirname, req.incarnation)
         return _REPLY
+
+    def announce(self, raw: bytes) -> bytes:
+        req = _parse(pb.AnnounceRequest, raw)
+        step = self.pserver.announce(req.trainer_id, req.incarnation, req.join_at)
+        return pb.AnnounceReply(step=step).SerializeToString()
 
     def health(self, raw: bytes) -> bytes:
         _parse(pb.HealthRequest, raw)
         h = self.pserver.health()
         return pb.HealthReply(status=pb.HealthReply.SERVING if h["serving"] else pb.HealthReply.NOT_SERVING,
                               endpoint=h["endpoint"], pserver_id=h["pserver_id"], sync_mode=h["sync_mode"],
-                              step=h["step"], live_trainers=h["live_trainers"]).SerializeToString()
+                              step=h["step"], live_trainers=h["live_trainers"],
+                              rejected_nonfinite=h["rejected_nonfinite"]).SerializeToString()
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         methods = {"SendVariable": self.send_variable, "GetVariable": self.get_variable,
                    "PrefetchVariable": self.prefetch_variable, "Barrier": self.barrier, "Complete": self.complete,
-                   "CheckpointNotify": self.checkpoint_notify, "Health": self.health}
+                   "CheckpointNotify": self.checkpoint_notify, "Health": self.health, "Announce": self.announce}
         return grpc.method_handlers_generic_handler(
             SERVICE, {name: grpc.unary_unary_rpc_method_handler(self._guard(fn)) for name, fn in methods.items()})
 
 
-def start_server(pserver: PServer, endpoint: str, max_message: int) -> grpc.Server:
-    """Bind ``endpoint`` and start serving ``pserver``; raises ExecutionError if the port cannot be bound."""
+def server_credentials(security: RPCSecurity) -> grpc.ServerCredentials | None:
+    """TLS credentials of a pserver (None: plaintext); mutual TLS when ``security.ca`` is given."""
+    if not security.server_tls:
+        return None
+    return grpc.ssl_server_credentials([(security.key, security.cert)], root_certificates=security.ca,
+                                       require_client_auth=security.ca is not None)
+
+
+def start_server(pserver: PServer, endpoint: str, max_message: int,
+                 security: RPCSecurity | None = None) -> grpc.Server:
+    """Bind ``endpoint`` and start serving ``pserver``; raises ExecutionError if the port cannot be bound.
+    ``security`` (default: none) gives the job token and TLS settings."""
+    security = security or RPCSecurity()
     workers = 16 + 4 * pserver.config.trainers
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pserver"),
                          options=grpc_options(max_message))
-    server.add_generic_rpc_handlers((ParameterServerService(pserver).generic_handler(),))
+    server.add_generic_rpc_handlers((ParameterServerService(pserver, security.token).generic_handler(),))
+    creds = server_credentials(security)
     try:
-        port = server.add_insecure_port(endpoint)
+        port = server.add_secure_port(endpoint, creds) if creds is not None else server.add_insecure_port(endpoint)
     except RuntimeError as e:
         port, detail = 0, str(e)
     else:

@@ -26,6 +26,8 @@ from runtime.scope import SelectedRows
 ROWS_FIELD = pb.VariableMessage.DESCRIPTOR.fields_by_name["rows"].number
 DATA_FIELD = pb.VariableMessage.DESCRIPTOR.fields_by_name["data"].number
 _RAW_FIELDS = (ROWS_FIELD, DATA_FIELD)
+MAX_RANK = 32  # numpy allows 64; no variable of a program has more than a handful
+MAX_DIM = 1 << 40  # above any real extent; keeps every element count far from overflow
 WIRE_DTYPES = ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64")
 
 
@@ -86,9 +88,10 @@ def as_host_array(value: Any) -> np.ndarray:
 
 
 def encode_variable(name: str, value: Any, *, trainer_id: int = 0, step: int = 0, seq: int = 0,
-                    table_name: str = "") -> bytes:
+                    table_name: str = "", incarnation: int = 0) -> bytes:
     """The wire bytes of ``value`` (an array or SelectedRows) as variable ``name``."""
-    header = pb.VariableMessage(name=name, trainer_id=trainer_id, step=step, seq=seq, table_name=table_name)
+    header = pb.VariableMessage(name=name, trainer_id=trainer_id, step=step, seq=seq, table_name=table_name,
+                                incarnation=incarnation)
     parts: list[Any] = []
     if isinstance(value, SelectedRows):
         values = as_host_array(value.values)
@@ -146,8 +149,17 @@ def _value(header: pb.VariableMessage, rows: memoryview | None, data: memoryview
     if header.dtype not in WIRE_DTYPES:
         raise WireError(f"variable {name!r} has dtype {header.dtype!r}, expected one of {list(WIRE_DTYPES)}")
     dims = tuple(int(d) for d in header.dims)
+    if len(dims) > MAX_RANK:
+        raise WireError(f"variable {name!r} has {len(dims)} dims, at most {MAX_RANK} are allowed",
+                        hint="send the tensor's real shape")
     if any(d < 0 for d in dims):
         raise WireError(f"variable {name!r} has negative dims {list(dims)}")
+    if any(d > MAX_DIM for d in dims):
+        raise WireError(f"variable {name!r} has dims {list(dims)}: an extent above {MAX_DIM} cannot be a tensor "
+                        "of this job", hint="send the tensor's real shape")
+    if math.prod(d for d in dims if d) > MAX_DIM:
+        raise WireError(f"variable {name!r} has dims {list(dims)}: more than {MAX_DIM} elements even ignoring "
+                        "zero extents", hint="send the tensor's real shape")
     dtype = np.dtype(header.dtype).newbyteorder("<")
     expected = math.prod(dims) * dtype.itemsize  # Python ints: huge dims cannot wrap around
     got = 0 if data is None else len(data)

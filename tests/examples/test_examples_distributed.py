@@ -20,12 +20,8 @@ the local pass-through, the trainer's transpiled programs) are tested in-process
 """
 from __future__ import annotations
 
-import os
 import pathlib
 import re
-import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -34,7 +30,8 @@ from examples import cluster
 from examples.ctr import data as ctr_data
 from examples.ctr.model import build_model
 from ir.roles import OpRole
-from runtime.role import ROLE_ENV_VARS, Role
+from runtime.role import Role
+from tests import launching
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LAUNCH_TIMEOUT_S = 120
@@ -46,24 +43,8 @@ ASYNC_MARGIN = 0.05
 def launch(log_dir: pathlib.Path, script: str, *args: str) -> str:
     """Run ``script`` on 2 pservers and 2 trainers; the launcher's output, after checking that it and every
     process exited 0."""
-    env = {k: v for k, v in os.environ.items() if k not in ROLE_ENV_VARS}
-    cmd = [sys.executable, "-m", "runtime.launch", "--server_num", "2", "--worker_num", "2", "--log_dir",
-           str(log_dir), script, *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate(timeout=10)
-        pytest.fail(f"{script} did not finish within {LAUNCH_TIMEOUT_S}s:\n{out[-3000:]}")
-    assert proc.returncode == 0, f"{script} exited {proc.returncode}:\n{out[-4000:]}"
-    summary = [line for line in out.splitlines() if line.startswith("[launch] summary:")]
-    assert len(summary) == 1 and summary[0].count("exit 0") == 4, out[-2000:]
-    return out
+    return launching.launch(log_dir, ["--server_num", "2", "--worker_num", "2"], script, *args, processes=4,
+                            timeout=LAUNCH_TIMEOUT_S)
 
 
 def trainer_values(out: str, pattern: str) -> dict[int, tuple[str, ...]]:

@@ -9,6 +9,7 @@ float64. Inputs are drawn from a fixed seed, away from kinks and ties where grad
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -313,6 +314,24 @@ def batch_norm_ref(ins: Arrays, attrs: dict[str, Any]) -> dict[str, list[np.ndar
     return {"Y": [y], "MeanOut": [mean_out], "VarianceOut": [var_out], "SavedMean": [m], "SavedVariance": [inv]}
 
 
+def layer_norm_ref(ins: Arrays, attrs: dict[str, Any]) -> dict[str, list[np.ndarray]]:
+    x = ins["X"][0].astype(np.float64)
+    axis = attrs["begin_norm_axis"]
+    rows = x.reshape(int(np.prod(x.shape[:axis])), -1)
+    m, var = rows.mean(1), rows.var(1)
+    y = (rows - m[:, None]) / np.sqrt(var[:, None] + attrs["epsilon"])
+    if "Scale" in ins:
+        y = y * ins["Scale"][0].astype(np.float64)
+    if "Bias" in ins:
+        y = y + ins["Bias"][0].astype(np.float64)
+    return {"Y": [y.reshape(x.shape)], "Mean": [m], "Variance": [var]}
+
+
+def gelu_ref(ins: Arrays, attrs: dict[str, Any]) -> dict[str, list[np.ndarray]]:
+    x = ins["X"][0].astype(np.float64)
+    return {"Out": [0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))]}
+
+
 def top_k_ref(ins: Arrays, attrs: dict[str, Any]) -> dict[str, list[np.ndarray]]:
     x = ins["X"][0]
     idx = np.argsort(-x, axis=-1, kind="stable")[..., :attrs["k"]]
@@ -458,6 +477,8 @@ SAMPLES: dict[str, list[Sample]] = {
         Sample({"X": [rand(4)], "Y": [rand(3, 4, 2)]}, ref=matmul_ref, grad=True, label="vec_x"),
         Sample({"X": [rand(2, 3)], "Y": [rand(3)]}, ref=matmul_ref, grad=True, label="vec_y"),
         Sample({"X": [rand(3)], "Y": [rand(3)]}, {"alpha": 0.5}, ref=matmul_ref, grad=True, label="dot"),
+        Sample({"X": [rand(2, 2, 3, 4)], "Y": [rand(2, 2, 5, 4)]}, {"transpose_Y": True, "alpha": 0.5},
+               ref=matmul_ref, grad=True, label="attention_4d"),
     ],
     **{f"elementwise_{k}": _elementwise_samples(k) for k in ("add", "sub", "mul", "div", "max", "min", "pow")},
     "mean": [Sample({"X": [rand(3, 4)]}, ref=lambda i, a: {"Out": [i["X"][0].mean().reshape(1)]}, grad=True)],
@@ -538,6 +559,7 @@ SAMPLES: dict[str, list[Sample]] = {
     "logical_and": [Sample({"X": [rand(2, 3) > 0], "Y": [rand(2, 3) > 0]}, ref=lambda i, a: {"Out": [i["X"][0] & i["Y"][0]]})],
     "logical_or": [Sample({"X": [rand(2, 3) > 0], "Y": [rand(2, 3) > 0]}, ref=lambda i, a: {"Out": [i["X"][0] | i["Y"][0]]})],
     "logical_not": [Sample({"X": [rand(2, 3) > 0]}, ref=lambda i, a: {"Out": [~i["X"][0]]})],
+    "gelu": [Sample({"X": [rand(3, 4, lo=-3, hi=3)]}, ref=gelu_ref, grad=True)],
     "where": [Sample({"Condition": [rand(2, 3) > 0], "X": [rand(2, 3)], "Y": [rand(2, 3)]},
                      ref=lambda i, a: {"Out": [np.where(i["Condition"][0], i["X"][0], i["Y"][0])]}, grad=True)],
     # --- optimizer family ops that are plain math (their update rules are tested elsewhere)
@@ -659,6 +681,14 @@ SAMPLES: dict[str, list[Sample]] = {
         Sample({"X": [rand(3, 4)]}, {"dropout_prob": 0.25, "is_test": True, "dropout_implementation": "upscale_in_train"},
                ref=lambda i, a: {"Out": [i["X"][0]]}, label="infer_upscale"),
     ],
+    "layer_norm": [
+        Sample({"X": [rand(3, 2, 4)], "Scale": [rand(8, lo=0.5, hi=1.5)], "Bias": [rand(8)]},
+               ref=layer_norm_ref, grad=True, label="axis1"),
+        Sample({"X": [rand(2, 3, 5)], "Scale": [rand(5, lo=0.5, hi=1.5)], "Bias": [rand(5)]},
+               {"begin_norm_axis": 2, "epsilon": 1e-3}, ref=layer_norm_ref, grad=True, label="axis2"),
+        Sample({"X": [rand(4, 6)]}, ref=layer_norm_ref, grad=True,
+               label="no_affine"),
+    ],
     # --- nn: metrics
     "top_k": [Sample({"X": [distinct(3, 5)]}, {"k": 2}, ref=top_k_ref)],
     "accuracy": [
@@ -765,3 +795,68 @@ def run(built: Built, fetch: list[str], scope: Scope | None = None) -> list[Any]
 
 def sample_id(op_type: str, i: int, sample: Sample) -> str:
     return f"{op_type}-{sample.label or i}"
+
+
+# --- LoD sequence ops: rows [R, ...] with Length [N]; rows past sum(Length) are bucket padding ------------
+def _segments_np(length: np.ndarray) -> list[range]:
+    ends = np.cumsum(length)
+    return [range(int(e - n), int(e)) for e, n in zip(ends, length)]
+
+
+def sequence_pool_lod_ref(ins: Arrays, attrs: dict[str, Any]) -> dict[str, list[np.ndarray]]:
+    x, length = ins["X"][0].astype(np.float64), ins["Length"][0]
+    out = np.full((len(length),) + x.shape[1:], attrs["pad_value"])
+    max_index = np.zeros(out.shape, np.int32)
+    for n, rows in enumerate(_segments_np(length)):
+        if not len(rows):
+            continue
+        seq = x[rows.start:rows.stop]
+        ptype = attrs["pooltype"]
+        if ptype == "MAX":
+            out[n] = seq.max(0)
+            max_index[n] = rows.start + seq.argmax(0)
+        else:
+            out[n] = {"SUM": lambda: seq.sum(0), "AVERAGE": lambda: seq.mean(0),
+                      "SQRT": lambda: seq.sum(0) / np.sqrt(len(rows)), "FIRST": lambda: seq[0],
+                      "LAST": lambda: seq[-1]}[ptype]()
+    result = {"Out": [out]}
+    if attrs["pooltype"] == "MAX":
+        result["MaxIndex"] = [max_index]
+    return result
+
+
+def sequence_softmax_ref(ins: Arrays, attrs: dict[str, Any]) -> dict[str, list[np.ndarray]]:
+    x, length = ins["X"][0].astype(np.float64), ins["Length"][0]
+    out = np.zeros_like(x)
+    for rows in _segments_np(length):
+        e = np.exp(x[rows.start:rows.stop] - x[rows.start:rows.stop].max(initial=-np.inf))
+        out[rows.start:rows.stop] = e / e.sum()
+    return {"Out": [out]}
+
+
+def sequence_conv_ref(ins: Arrays, attrs: dict[str, Any]) -> dict[str, list[np.ndarray]]:
+    x, w, length = ins["X"][0].astype(np.float64), ins["Filter"][0].astype(np.float64), ins["Length"][0]
+    out = np.zeros((x.shape[0], w.shape[1]))
+    for rows in _segments_np(length):
+        for r in rows:
+            window = [x[s] if rows.start <= s < rows.stop else np.zeros(x.shape[1])
+                      for s in range(r + attrs["contextStart"], r + attrs["contextStart"] + attrs["contextLength"])]
+            out[r] = np.concatenate(window) @ w
+    return {"Out": [out]}
+
+
+_LOD_LEN = arr([2, 0, 4], I64)  # 6 rows in 3 sequences (one empty), padded to 8 rows
+SAMPLES["sequence_pool"] += [
+    Sample({"X": [distinct(8, 2)], "Length": [_LOD_LEN]}, {"pooltype": t, "pad_value": 0.25},
+           ref=sequence_pool_lod_ref, grad=True, label=f"lod_{t}")
+    for t in ("AVERAGE", "SUM", "MAX", "SQRT", "FIRST", "LAST")
+]
+SAMPLES["sequence_softmax"] = [
+    Sample({"X": [rand(8, 1)], "Length": [_LOD_LEN]}, ref=sequence_softmax_ref, grad=True, label="lod"),
+]
+SAMPLES["sequence_conv"] = [
+    Sample({"X": [rand(8, 2)], "Filter": [rand(6, 3)], "Length": [_LOD_LEN]},
+           {"contextLength": 3, "contextStart": -1}, ref=sequence_conv_ref, grad=True, label="centred"),
+    Sample({"X": [rand(8, 2)], "Filter": [rand(4, 3)], "Length": [arr([3, 5], I64)]},
+           {"contextLength": 2, "contextStart": 0}, ref=sequence_conv_ref, grad=True, label="forward"),
+]

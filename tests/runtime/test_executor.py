@@ -121,17 +121,22 @@ def test_fetch_of_unknown_variable(ready: Any) -> None:
     np.testing.assert_array_equal(scope.numpy("w"), w)  # nothing ran
 
 
-def test_op_without_kernel(ready: Any) -> None:
+def test_op_without_kernel(ready: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     main, _, _, exe, scope = ready
     program = main.clone()
     block = program.global_block()
-    block.append_op("c_allreduce_sum", {"X": ["w@GRAD"]}, {"Out": ["w@GRAD"]}, {})
+    op_type = "c_allreduce_sum"  # every registered op has a kernel now: take this one's away for the test
+    import runtime.executor
+
+    has = runtime.executor.has_kernel
+    monkeypatch.setattr(runtime.executor, "has_kernel", lambda t: t != op_type and has(t))
+    block.append_op(op_type, {"X": ["w@GRAD"]}, {"Out": ["w@GRAD"]}, {})
     index = len(block.ops) - 1
     w = np.array(scope.numpy("w"))
     with pytest.raises(ExecutionError) as err:
         exe.run(program, feed=batch(), scope=scope)
     msg = _message(err)
-    assert f"block 0/op {index} (c_allreduce_sum) has no kernel" in msg
+    assert f"block 0/op {index} ({op_type}) has no kernel" in msg
     assert "cannot run on this runtime yet" in msg  # a registered op, not a typo
     np.testing.assert_array_equal(scope.numpy("w"), w)  # rejected at planning, before running anything
 
@@ -274,3 +279,16 @@ def test_basic_model_trains() -> None:
     assert all(np.isfinite(losses))
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_fetch_of_a_gradient_renamed_for_the_trainer_finds_its_copy() -> None:
+    # A sync pserver trainer sends fc_b@GRAD as fc_b@GRAD.trainer_0 (recorded as copy_of/trainer_id);
+    # a user fetching the name they wrote gets that copy.
+    from runtime.executor import _trainer_copy_of
+    from tests.transpiler.test_distribute_transpiler import build_fc, transpile
+
+    block = transpile(*build_fc()).get_trainer_program().global_block()
+    assert not block.has_var("fc_b@GRAD")
+    assert _trainer_copy_of(block, "fc_b@GRAD") == "fc_b@GRAD.trainer_0"
+    assert _trainer_copy_of(block, "fc_w@GRAD") == "fc_w@GRAD"  # declared itself: unchanged
+    assert _trainer_copy_of(block, "nope") == "nope"

@@ -298,3 +298,72 @@ def test_delete_var_and_fake_init() -> None:
     assert not scope.has_var("gone")
     assert table.dtype == np.float32
     np.testing.assert_array_equal(table, np.zeros((4, 2), np.float32))
+
+
+# --- checkpoint parts (what a pserver saves on CheckpointNotify): atomic, with a verified manifest ---------------
+PERSISTABLE = ["fc/w_0", "b", "step", "mask", "table"]
+
+
+@pytest.mark.parametrize("filename", [None, "__all__"])
+def test_checkpoint_part_round_trip_and_replace(tmp_path: pathlib.Path, filename: str | None) -> None:
+    prog, exe = _program(), runtime.Executor()
+    path = tmp_path / "ck" / "pserver_0"
+    rio.save_checkpoint_part(exe, str(path), prog, vars=PERSISTABLE, filename=filename, scope=_scope_with(_values()))
+    manifest = rio.verify_checkpoint_part(str(path))
+    assert manifest["format"] == rio.MANIFEST_FORMAT
+    assert set(manifest["files"]) == set(os.listdir(path)) - {rio.MANIFEST}
+    # saving again replaces the whole part, leaving no temporary or old directory behind
+    changed = {**_values(), "b": np.array([1.0, 2.0, 3.0])}
+    rio.save_checkpoint_part(exe, str(path), prog, vars=PERSISTABLE, filename=filename, scope=_scope_with(changed))
+    assert os.listdir(tmp_path / "ck") == ["pserver_0"]
+    scope = Scope()
+    rio.load_checkpoint_part(exe, str(path), prog, vars=PERSISTABLE, filename=filename, scope=scope)
+    for name in PERSISTABLE:
+        _assert_bit_exact(scope.find_var(name), changed[name])
+
+
+def test_checkpoint_part_never_overwrites_what_is_not_a_checkpoint(tmp_path: pathlib.Path) -> None:
+    prog, exe = _program(), runtime.Executor()
+    victim = tmp_path / "pserver_0"
+    victim.write_text("precious")
+    with pytest.raises(ExecutionError, match="something that is not a checkpoint is there"):
+        rio.save_checkpoint_part(exe, str(victim), prog, vars=PERSISTABLE, scope=_scope_with(_values()))
+    assert victim.read_text() == "precious" and os.listdir(tmp_path) == ["pserver_0"]
+
+
+def test_a_failed_checkpoint_save_leaves_the_previous_one_intact(tmp_path: pathlib.Path) -> None:
+    prog, exe = _program(), runtime.Executor()
+    path = tmp_path / "pserver_0"
+    rio.save_checkpoint_part(exe, str(path), prog, vars=PERSISTABLE, scope=_scope_with(_values()))
+    incomplete = _values()
+    del incomplete["b"]
+    with pytest.raises(ExecutionError):
+        rio.save_checkpoint_part(exe, str(path), prog, vars=PERSISTABLE, scope=_scope_with(incomplete))
+    assert os.listdir(tmp_path) == ["pserver_0"]  # the half-written temporary directory is gone
+    scope = Scope()
+    rio.load_checkpoint_part(exe, str(path), prog, vars=PERSISTABLE, scope=scope)
+    _assert_bit_exact(scope.find_var("b"), _values()["b"])
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "drop-file", "drop-manifest", "edit-manifest"])
+def test_loading_a_damaged_checkpoint_part_is_refused(tmp_path: pathlib.Path, damage: str) -> None:
+    prog, exe = _program(), runtime.Executor()
+    path = tmp_path / "pserver_0"
+    rio.save_checkpoint_part(exe, str(path), prog, vars=PERSISTABLE, scope=_scope_with(_values()))
+    target = path / rio.var_filename("b")
+    if damage == "flip":
+        data = bytearray(target.read_bytes())
+        data[-1] ^= 0x40
+        target.write_bytes(bytes(data))
+    elif damage == "truncate":
+        target.write_bytes(target.read_bytes()[:-3])
+    elif damage == "drop-file":
+        target.unlink()
+    elif damage == "drop-manifest":
+        (path / rio.MANIFEST).unlink()
+    else:
+        (path / rio.MANIFEST).write_text('{"format": "something else", "files": {}}')
+    scope = Scope()
+    with pytest.raises(ExecutionError, match="torn|tampered|not a flotilla-checkpoint-part-1 manifest"):
+        rio.load_checkpoint_part(exe, str(path), prog, vars=PERSISTABLE, scope=scope)
+    assert scope.find_var("b") is None  # nothing was loaded

@@ -203,6 +203,17 @@ def test_plan_collective_mode_envs() -> None:
         assert role.current_endpoint == plan.trainer_endpoints[spec.index]
 
 
+def test_plan_collective_explicit_trainers_and_gpus() -> None:
+    free = _free_ports(2)
+    trainers = f"127.0.0.1:{free[0]},127.0.0.1:{free[1]}"
+    plan = _plan("--trainers", trainers, "--gpus", "3,5")
+    assert plan.mode == "collective" and plan.trainer_endpoints == tuple(trainers.split(","))
+    assert [p.env["FLAGS_selected_gpus"] for p in plan.processes] == ["3", "5"]
+    assert [role_from_env(p.env).current_endpoint for p in plan.processes] == trainers.split(",")
+    plan = _plan("--gpus", "0,1,2")  # one trainer a GPU
+    assert len(plan.processes) == 3 and plan.processes[2].env["FLAGS_selected_gpus"] == "2"
+
+
 def test_plan_explicit_servers_and_workers() -> None:
     free = _free_ports(2)
     plan = _plan("--servers", f"127.0.0.1:{free[0]},localhost:{free[1]}", "--workers", "127.0.0.1,localhost")
@@ -242,6 +253,12 @@ USAGE_ERRORS = [
     ("both-server-flags", ["--server_num", "1", "--servers", "127.0.0.1:7000", "--worker_num", "1", JOB],
      "--servers and --server_num both given"),
     ("modes-mixed", ["--nproc_per_node", "2", "--server_num", "1", JOB], "cannot be combined with --server_num"),
+    ("trainers-mixed", ["--trainers", "127.0.0.1:7000", "--worker_num", "1", JOB], "cannot be combined"),
+    ("nproc-vs-trainers", ["--nproc_per_node", "3", "--trainers", "127.0.0.1:7000,127.0.0.1:7001", JOB],
+     "--nproc_per_node 3 but --trainers lists 2"),
+    ("gpus-vs-nproc", ["--nproc_per_node", "2", "--gpus", "0", JOB], "--gpus lists 1 GPU(s) for 2 trainer(s)"),
+    ("gpus-bad", ["--gpus", "0,x", JOB], "not a list of GPU ids"),
+    ("gpus-twice", ["--gpus", "1,1", JOB], "names a GPU twice"),
     ("negative-stop-timeout", ["--server_num", "1", "--worker_num", "1", "--stop_timeout", "-1", JOB],
      "--stop_timeout is -1.0"),
     ("port-out-of-range", ["--server_num", "1", "--worker_num", "1", "--started_port", "70000", JOB],

@@ -301,6 +301,62 @@ def test_graph_bad_block_index(flotilla, tmp_path: pathlib.Path) -> None:
     assert not (tmp_path / "g.dot").exists()
 
 
+def _training_files(folder: pathlib.Path) -> tuple[Program, pathlib.Path, pathlib.Path]:
+    """A small training program (forward, backward, optimize ops) and its startup, written as protobuf."""
+    from tests.transpiler.test_distribute_transpiler import build_fc
+
+    main, startup = build_fc(sparse_emb=True)
+    save_program(main, str(folder / "main.pb"))
+    save_program(startup, str(folder / "startup.pb"))
+    return main, folder / "main.pb", folder / "startup.pb"
+
+
+@pytest.mark.parametrize("flags,roles,ops_only", [
+    (["--role", "backward"], ["backward"], False),
+    (["--role", "forward", "--role", "optimize", "--ops-only"], ["forward", "optimize"], True),
+    (["--ops-only"], None, True),
+])
+def test_graph_role_and_ops_only_filters(flotilla, tmp_path: pathlib.Path, flags: list[str], roles: list[str] | None,
+                                         ops_only: bool) -> None:
+    program, path, _ = _training_files(tmp_path)
+    out = tmp_path / "g.dot"
+    done = flotilla("graph", path, "-o", out, *flags)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert out.read_text() == program_to_dot(program, roles=roles, ops_only=ops_only)
+
+
+def test_graph_unknown_role(flotilla, tmp_path: pathlib.Path) -> None:
+    path = write_program(build_fc_program(), tmp_path, "prog", "text")
+    assert_user_error(flotilla("graph", path, "-o", tmp_path / "g.dot", "--role", "fwd"), "--role", "'forward'")
+
+
+def test_graph_job_draws_the_transpiled_job(flotilla, tmp_path: pathlib.Path) -> None:
+    from ir.export import job_to_dot
+    from ir.serialize import load_program
+
+    _, main, startup = _training_files(tmp_path)
+    job = tmp_path / "job"
+    done = flotilla("transpile", main, "--startup", startup, "--pservers", "127.0.0.1:6174,127.0.0.1:6175",
+                    "--trainers", "2", "-o", job)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "job.dot"
+    done = flotilla("graph", "--job", job, "-o", out)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    roles = ["trainer.0", "trainer.1", "pserver@127.0.0.1_6174", "pserver@127.0.0.1_6175"]
+    expected = job_to_dot({r: load_program(str(job / f"{r}.main.pb")) for r in roles})
+    assert out.read_text() == expected
+    assert 'label="pserver 127.0.0.1:6174"' in expected and "no block applies" not in expected
+
+
+def test_graph_job_mistakes(flotilla, tmp_path: pathlib.Path) -> None:
+    path = write_program(build_fc_program(), tmp_path, "prog", "text")
+    assert_user_error(flotilla("graph", "--job", path, "-o", tmp_path / "j.dot"), "not a directory")
+    (tmp_path / "empty").mkdir()
+    assert_user_error(flotilla("graph", "--job", tmp_path / "empty", "-o", tmp_path / "j.dot"), "no ROLE.main.pb")
+    assert_user_error(flotilla("graph", "--job", tmp_path / "empty", "--role", "rpc", "-o", tmp_path / "j.dot"),
+                      "--job draws the whole job")
+
+
 # --- reading files: user mistakes ----------------------------------------------------------------------
 
 

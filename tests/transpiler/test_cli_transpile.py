@@ -307,7 +307,7 @@ def test_bad_options(flotilla, fc_files, tmp_path: pathlib.Path, args: list[str]
 
 
 @pytest.mark.parametrize("trainers, fragment", [("0", "--trainers 0: expected at least 1"),
-                                                ("two", "invalid int value: 'two'")])
+                                                ("two", "--trainers 'two': expected the number of trainers")])
 def test_bad_trainers(flotilla, fc_files, tmp_path: pathlib.Path, trainers: str, fragment: str) -> None:
     args = [str(fc_files[0]), "--startup", str(fc_files[1]), "--pservers", EP0, "--trainers", trainers]
     assert_user_error(flotilla("transpile", *args, "-o", tmp_path / "out"), fragment)
@@ -341,10 +341,33 @@ def test_required_arguments(flotilla, fc_files, missing: str) -> None:
     args = inputs(fc_files)
     i = args.index(missing)
     del args[i:i + 2]
-    assert_user_error(flotilla("plan", *args), missing, "--help")
+    # --pservers is required only in pserver mode (the default), so the tool checks it itself
+    assert_user_error(flotilla("plan", *args), missing, *(["--help"] if missing != "--pservers" else []))
 
 
 def test_help_lists_the_new_commands(flotilla) -> None:
     done = flotilla("--help")
     assert done.returncode == 0
     assert "transpile" in done.stdout and "plan" in done.stdout
+
+
+def test_transpile_nccl2(flotilla, fc_files, tmp_path: pathlib.Path) -> None:
+    trainers = f"{EP0},127.0.0.1:6180"
+    done = flotilla("transpile", str(fc_files[0]), "--startup", str(fc_files[1]), "--mode", "nccl2",
+                    "--trainers", trainers, "--fuse-grad-size-mb", "0", "-o", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert "nccl2 (grad_allreduce), 2 trainer(s)" in done.stdout
+    startup = (tmp_path / "out" / "trainer.1.startup.txt").read_text()
+    main = (tmp_path / "out" / "trainer.1.main.txt").read_text()
+    assert "op gen_nccl_id()" in startup and "c_broadcast" in startup
+    assert main.count("op c_allreduce_sum(") == 2  # fc_w and fc_b, one collective each
+    assert not list((tmp_path / "out").glob("pserver*"))
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--mode", "nccl2", "--trainers", "2"], "--mode nccl2 needs every trainer's endpoint"),
+    (["--trainers", "2"], "--pservers is required in pserver mode"),
+])
+def test_transpile_mode_errors(flotilla, fc_files, tmp_path: pathlib.Path, args: list[str], fragment: str) -> None:
+    assert_user_error(flotilla("transpile", str(fc_files[0]), "--startup", str(fc_files[1]), *args,
+                               "-o", tmp_path / "out"), fragment)

@@ -42,7 +42,7 @@ class Case:
     bad: Bad | None = None
 
 
-UNARY = ("square", "sqrt", "exp", "log", "abs", "floor", "relu", "sigmoid", "tanh", "softsign")
+UNARY = ("square", "sqrt", "exp", "log", "abs", "floor", "relu", "sigmoid", "tanh", "softsign", "gelu")
 ELEMENTWISE = tuple(f"elementwise_{k}" for k in ("add", "sub", "mul", "div", "max", "min", "pow"))
 COMPARE = ("less_than", "less_equal", "greater_than", "greater_equal", "equal", "not_equal")
 REDUCE = ("reduce_sum", "reduce_mean", "reduce_max")
@@ -127,6 +127,11 @@ CASES: dict[str, Case] = {
         {"Y": [v("y", [-1, 8, 4, 4])], "MeanOut": [v("mo", [8])], "VarianceOut": [v("vo", [8])],
          "SavedMean": [v("sm", [8])], "SavedVariance": [v("sv", [8])]},
         bad=Bad("Scale\\[7\\] must be \\[C\\] with C=8", (v("sc", [7]),))),
+    "layer_norm": Case(
+        {"X": [v("x", [-1, 7, 16])], "Scale": [v("sc", [16])], "Bias": [v("bi", [16])]},
+        {"Y": [v("y", [-1, 7, 16])], "Mean": [v("mu", [-1])], "Variance": [v("va", [-1])]},
+        {"begin_norm_axis": 2},
+        Bad("Scale\\[16\\] must be \\[112\\]", attrs={"begin_norm_axis": 1})),
     "dropout": Case({"X": [v("x", [-1, 10])]}, {"Out": [v("o", [-1, 10])], "Mask": [v("m", [-1, 10])]},
                     {"dropout_prob": 0.3, "dropout_implementation": "upscale_in_train"},
                     Bad("dropout_prob=1.5 must be in \\[0, 1\\]", attrs={"dropout_prob": 1.5})),
@@ -160,7 +165,7 @@ MATH_OPS = ("mul", "matmul", *ELEMENTWISE, "scale", "sum", "mean", *REDUCE, *UNA
             *COMPARE, "logical_and", "logical_or", "logical_not", "where")
 NN_OPS = ("cross_entropy", "softmax_with_cross_entropy", "sigmoid_cross_entropy_with_logits", "log_loss", "cos_sim",
           "lookup_table", "sequence_pool", "concat", "split", "reshape", "transpose", "conv2d", "pool2d",
-          "batch_norm", "dropout", "top_k", "accuracy", "auc")
+          "batch_norm", "layer_norm", "dropout", "top_k", "accuracy", "auc")
 NO_GRAD_OPS = {"floor", "fill_constant", "fill_constant_batch_size_like", "fill_zeros_like", *RANDOM, "increment",
                *COMPARE, "logical_and", "logical_or", "logical_not", "top_k", "accuracy", "auc"}
 ALL_OPS = MATH_OPS + NN_OPS
@@ -251,6 +256,7 @@ def test_grad_op_specs_match_schema_and_infer(op_type: str) -> None:
         ("softmax_with_cross_entropy", {"Logits", "Label", "Loss@GRAD"}, {"Logits@GRAD"}),
         ("batch_norm", {"X", "Scale", "Bias", "Mean", "Variance", "Y@GRAD"}, {"X@GRAD", "Scale@GRAD", "Bias@GRAD"}),
         ("dropout", {"Mask", "Out@GRAD"}, {"X@GRAD"}),
+        ("layer_norm", {"X", "Scale", "Bias", "Y@GRAD"}, {"X@GRAD", "Scale@GRAD", "Bias@GRAD"}),
         ("where", {"Condition", "X", "Y", "Out@GRAD"}, {"X@GRAD", "Y@GRAD"}),
         ("cos_sim", {"X", "Y", "Out@GRAD"}, {"X@GRAD", "Y@GRAD"}),
         ("sequence_pool", {"X", "Ids", "Out@GRAD"}, {"X@GRAD"}),
@@ -423,3 +429,34 @@ def test_increment_and_compare_have_fluid_defaults() -> None:
     assert get_op_def("softmax_with_cross_entropy").attr_def("ignore_index").default == -100
     assert get_op_def("lookup_table").attr_def("padding_idx").default == -1
     assert get_op_def("sequence_pool").attr_def("pooltype").default == "AVERAGE"
+
+
+@pytest.mark.parametrize(
+    ("x", "attrs", "mean"),
+    [
+        ([-1, 4, 6], {}, (-1,)),
+        ([2, 4, 6], {"begin_norm_axis": 2}, (8,)),
+        ([3, 5], {"begin_norm_axis": 1}, (3,)),
+    ],
+)
+def test_layer_norm_row_statistics_shapes(x: list[int], attrs: dict[str, Any], mean: tuple[int, ...]) -> None:
+    got = infer("layer_norm", {"X": [v("x", x)]}, {"Y": 1, "Mean": 1, "Variance": 1}, **attrs)
+    assert got == {"Y": [(tuple(x), F)], "Mean": [(mean, F)], "Variance": [(mean, F)]}
+
+
+@pytest.mark.parametrize(
+    ("x", "attrs", "match"),
+    [
+        ([-1, 6], {"begin_norm_axis": 2}, "begin_norm_axis=2 must be in \\[1, 2\\)"),
+        ([-1, 6], {"begin_norm_axis": 0}, "begin_norm_axis=0 must be in"),
+        ([6], {}, "must have rank >= 2"),
+    ],
+)
+def test_layer_norm_rejects(x: list[int], attrs: dict[str, Any], match: str) -> None:
+    with pytest.raises(IRError, match=match):
+        infer("layer_norm", {"X": [v("x", x)]}, {"Y": 1}, **attrs)
+
+
+def test_layer_norm_without_scale_and_bias_writes_only_y() -> None:
+    got = infer("layer_norm", {"X": [v("x", [-1, 3, 4])]}, {"Y": 1}, begin_norm_axis=1)
+    assert got == {"Y": [((-1, 3, 4), F)]}

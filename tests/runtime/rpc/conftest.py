@@ -42,6 +42,11 @@ SHAPES = {"fc_b": (30,), "fc_w.block1": (20, 30)}
 GRAD_OF = {"fc_b": "fc_b@GRAD", "fc_w.block1": "fc_w@GRAD.block1"}
 
 
+def inc(trainer_id: int) -> int:
+    """The incarnation id the fixtures announce trainer ``trainer_id`` with."""
+    return 0x1000 + trainer_id
+
+
 def free_port() -> int:
     """A port of 127.0.0.1 the OS says is free now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -122,7 +127,8 @@ class PSHandle:
 
     def send(self, name: str, value: Any, *, trainer_id: int, step: int = 0, seq: int = 0) -> None:
         """Hand ``value`` to ``PServer.send`` exactly as the servicer would (through the wire format)."""
-        self.pserver.send(decode_variable(encode_variable(name, value, trainer_id=trainer_id, step=step, seq=seq)))
+        self.pserver.send(decode_variable(encode_variable(name, value, trainer_id=trainer_id, step=step, seq=seq,
+                                                          incarnation=inc(trainer_id))))
 
     def send_grads(self, grads: dict[str, np.ndarray], *, trainer_id: int, step: int = 0, seq: int = 0) -> None:
         """Send ``grads`` (by parameter) as ``trainer_id``'s gradients of ``step``."""
@@ -203,10 +209,13 @@ def _shared(sync: bool) -> tuple[Program, Program, runtime.Executor]:
 
 
 def build_pserver(sync: bool, *, barrier_timeout: float = 30.0, serve: bool = False,
-                  tracker: Tracker | None = None) -> PSHandle:
+                  tracker: Tracker | None = None, announce: bool = True, security: Any = None,
+                  checkpoint_root: str | None = None, **pserver_kw: Any) -> PSHandle:
     """A PServer on a fresh scope initialised by the pserver startup program. Without ``serve`` its
     program (endpoint ``NOMINAL_ENDPOINT``, never bound) and Executor are shared with the other PServers
-    of the mode; with ``serve`` it is transpiled for a free 127.0.0.1 port and a gRPC server serves it there."""
+    of the mode; with ``serve`` it is transpiled for a free 127.0.0.1 port and a gRPC server serves it there
+    (with ``security``: token / TLS). With ``announce`` trainers 0 and 1 are announced as ``inc(t)``. With
+    ``checkpoint_root`` CheckpointNotify saves checkpoint parts under it (``runtime.io.save_checkpoint_part``)."""
     if serve:
         endpoint = f"127.0.0.1:{free_port()}"
         program, startup = pserver_programs(sync, endpoint)
@@ -220,12 +229,21 @@ def build_pserver(sync: bool, *, barrier_timeout: float = 30.0, serve: bool = Fa
     def run_block(idx: int, block_scope: Scope) -> None:
         exe.run_block(program, idx, block_scope)
 
-    pserver = PServer(program, scope, listen_op(program), run_block, barrier_timeout=barrier_timeout)
+    def save(path: str) -> None:
+        from runtime import io
+
+        io.save_checkpoint_part(exe, path, program, vars=io.pserver_checkpoint_vars(program), scope=scope)
+
+    pserver = PServer(program, scope, listen_op(program), run_block, barrier_timeout=barrier_timeout,
+                      save_persistables=save, checkpoint_root=checkpoint_root, **pserver_kw)
+    if announce:
+        for t in range(TRAINERS):
+            pserver.announce(t, inc(t))
     handle = PSHandle(pserver, program, scope, endpoint)
     if tracker is not None:
         tracker.handles.append(handle)
     if serve:
-        handle.server = start_server(pserver, endpoint, max_message_bytes(program))
+        handle.server = start_server(pserver, endpoint, max_message_bytes(program), security)
     return handle
 
 
@@ -240,8 +258,8 @@ def tracker() -> Iterator[Tracker]:
 def make_pserver(tracker: Tracker) -> Callable[..., PSHandle]:
     """``make_pserver(sync, barrier_timeout=..., serve=...)``: a PSHandle, failed and stopped at teardown."""
 
-    def make(sync: bool, *, barrier_timeout: float = 30.0, serve: bool = False) -> PSHandle:
-        return build_pserver(sync, barrier_timeout=barrier_timeout, serve=serve, tracker=tracker)
+    def make(sync: bool, *, barrier_timeout: float = 30.0, serve: bool = False, **kw: Any) -> PSHandle:
+        return build_pserver(sync, barrier_timeout=barrier_timeout, serve=serve, tracker=tracker, **kw)
 
     return make
 

@@ -2,7 +2,7 @@
 
 ``python -m tests.runtime.rpc.ps_worker --out DIR [--model fc|table] [--opt sgd|momentum|adam]
 [--lr const|exp] [--async] [--steps N] [--first-step S] [--save-at K --ckpt DIR] [--load DIR] [--hold]
-[--die-at K] [--sleep S]``
+[--die-at K] [--sleep S] [--resume]``
 
 A pserver runs its startup program (then loads ``--load``'s checkpoint), saves its initial state to
 ``DIR/pserver_<id>_init.npz``, serves, and saves its final state to ``DIR/pserver_<id>.npz``. A trainer
@@ -10,7 +10,9 @@ runs its startup program, saves the parameters it received to ``DIR/trainer_<id>
 ``batch(trainer_id, step)`` for steps ``first-step .. first-step + steps - 1``, saves the parameters it
 holds to ``DIR/trainer_<id>.npz`` and closes its executor (sending Complete). ``--save-at K`` makes
 trainer 0 save a checkpoint after K steps (``--hold`` then keeps every trainer alive until killed);
-``--die-at K`` makes the trainer SIGKILL itself at the start of step K.
+``--die-at K`` makes the trainer SIGKILL itself at the start of step K. ``--resume`` (a restarted trainer)
+starts at the step the pservers admit it at (its client's step after the startup program) instead of
+``--first-step``, and trains up to the same last step.
 """
 from __future__ import annotations
 
@@ -96,6 +98,7 @@ def main() -> int:
     ap.add_argument("--hold", action="store_true")
     ap.add_argument("--die-at", type=int, default=-1)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--resume", action="store_true")
     args = ap.parse_args()
 
     import runtime
@@ -121,7 +124,13 @@ def main() -> int:
     exe.run(startup, scope=scope)
     names = [n for n in DENSE_PARAMS if prog.global_block().has_var(n)]
     save(args.out / f"trainer_{role.trainer_id}_init.npz", scope, names)
-    for step in range(args.first_step, args.first_step + args.steps):
+    first = args.first_step
+    if args.resume:
+        from runtime.rpc.client import client_for
+
+        first = client_for(exe, role.trainer_id).step
+        print(f"trainer {role.trainer_id} resumes at step {first}", flush=True)
+    for step in range(first, args.first_step + args.steps):
         if step == args.die_at:
             os.kill(os.getpid(), signal.SIGKILL)
         exe.run(prog, feed=batch(args.model, role.trainer_id, step), scope=scope)

@@ -15,7 +15,9 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
+
+import grpc
 
 import numpy as np
 import pytest
@@ -46,6 +48,8 @@ class Cluster:
         base = {**os.environ, "PYTHONPATH": str(REPO), "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(self.endpoints),
                 "PADDLE_TRAINERS_NUM": str(trainers), "FLAGS_rpc_deadline": "60000", **(env or {})}
         cmd = [sys.executable, "-m", "tests.runtime.rpc.ps_worker", "--out", str(tmp), *args]
+        self.env, self.cmd = base, cmd
+        self.dead: dict[str, subprocess.Popen[str]] = {}
         self.procs: dict[str, subprocess.Popen[str]] = {}
         for i, ep in enumerate(self.endpoints):
             self._start(f"pserver.{i}", cmd, {**base, "TRAINING_ROLE": "PSERVER", "PADDLE_CURRENT_ENDPOINT": ep,
@@ -53,6 +57,15 @@ class Cluster:
         for t in range(trainers):
             self._start(f"trainer.{t}", cmd + (trainer_args or {}).get(t, []),
                         {**base, "TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(t)})
+
+    def restart_trainer(self, t: int, args: list[str]) -> None:
+        """Start trainer ``t`` again (same id, a new process) as ``trainer.<t>.restarted``."""
+        env = {**self.env, "TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(t)}
+        old = self.procs.pop(f"trainer.{t}")
+        if old.poll() is None:
+            raise AssertionError(f"trainer.{t} is still running")
+        self.dead[f"trainer.{t}"] = old
+        self._start(f"trainer.{t}.restarted", self.cmd + args, env)
 
     def _start(self, tag: str, cmd: list[str], env: dict[str, str]) -> None:
         log = open(self.out / f"{tag}.log", "w")
@@ -112,8 +125,9 @@ def run_ok(clusters: list[Cluster], tmp: pathlib.Path, pservers: int, trainers: 
 
 
 def local_reference(model: str, opt: str, lr: str, init: dict[str, np.ndarray], trainers: int,
-                    steps: range) -> dict[str, np.ndarray]:
-    """Single-process training on the union of the trainers' batches, from ``init``."""
+                    steps: range, present: Callable[[int, int], bool] | None = None) -> dict[str, np.ndarray]:
+    """Single-process training on the union of the trainers' batches (of the trainers ``present(t, step)``
+    says took part in each step; all by default), from ``init``."""
     import runtime
 
     main, startup = ps_worker.build(model, opt, lr)
@@ -122,7 +136,7 @@ def local_reference(model: str, opt: str, lr: str, init: dict[str, np.ndarray], 
     for name, value in init.items():
         scope.set_var(name, value)
     for step in steps:
-        feeds = [ps_worker.batch(model, t, step) for t in range(trainers)]
+        feeds = [ps_worker.batch(model, t, step) for t in range(trainers) if present is None or present(t, step)]
         exe.run(main, feed={k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}, scope=scope)
     return {n: scope.numpy(n) for n in init}
 
@@ -175,6 +189,89 @@ def test_uneven_data_finishes(tmp_path: pathlib.Path, clusters: list[Cluster]) -
     assert "every trainer completed after 30 updates" in clusters[0].log("pserver.0")
 
 
+def test_uneven_data_averages_over_the_trainers_present(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
+    """After trainer 1 completes, a step is the mean over trainer 0's batch alone: single-process training
+    on the batches actually present (not the same step at half the learning rate)."""
+    run_ok(clusters, tmp_path, 2, 2, ["--opt", "momentum", "--steps", "8"], trainer_args={1: ["--steps", "3"]})
+    init, final = trained(tmp_path, "fc", 2, "_init"), trained(tmp_path, "fc", 2)
+    expected = local_reference("fc", "momentum", "const", init, 2, range(8), present=lambda t, step: t == 0 or step < 3)
+    for name, value in expected.items():
+        np.testing.assert_allclose(final[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def _forge(endpoints: list[str], token: str | None) -> list[grpc.StatusCode]:
+    """Forged requests of a process outside the job: Complete for every trainer (twice) and a send with a
+    huge sequence number; the status codes they got."""
+    from runtime.rpc import send_recv_pb2 as pb
+    from runtime.rpc.server import SERVICE, grpc_options
+    from runtime.rpc.wire import encode_variable
+
+    codes = []
+    metadata = (("authorization", f"Bearer {token}"),) if token else None
+    forged = [("Complete", pb.CompleteRequest(trainer_id=t).SerializeToString()) for t in (0, 1, 0, 1)]
+    forged.append(("SendVariable", encode_variable("fc_b@GRAD.trainer_0", np.ones(ps_worker.HIDDEN), trainer_id=0,
+                                                   seq=1 << 62)))
+    for ep in endpoints:
+        with grpc.insecure_channel(ep, options=grpc_options(0)) as channel:
+            for method, request in forged:
+                call = channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=lambda x: x,
+                                           response_deserializer=lambda x: x)
+                try:
+                    call(request, timeout=10, metadata=metadata)
+                    codes.append(grpc.StatusCode.OK)
+                except grpc.RpcError as e:
+                    codes.append(e.code())
+    return codes
+
+
+@pytest.mark.parametrize("token", [None, "job-secret"], ids=["no-token", "token"])
+def test_forged_complete_and_sequence_numbers_change_nothing(tmp_path: pathlib.Path, clusters: list[Cluster],
+                                                             token: str | None) -> None:
+    """Issue 13 cases 1 and 2 on a live 2x2 job: forged Complete calls cannot end it, a forged huge seq
+    cannot make the pservers drop real gradients; the job ends with the parameters of local training."""
+    steps = 12
+    env = {"FLOTILLA_JOB_TOKEN": token} if token else {}
+    c = Cluster(tmp_path, 2, 2, ["--steps", str(steps), "--sleep", "0.1"], env=env)
+    clusters.append(c)
+    end = time.monotonic() + WAIT
+    while "step 1" not in c.log("trainer.0") and time.monotonic() < end and c.procs["trainer.0"].poll() is None:
+        time.sleep(0.1)
+    codes = _forge(c.endpoints, None)
+    expected = grpc.StatusCode.UNAUTHENTICATED if token else grpc.StatusCode.FAILED_PRECONDITION
+    completes, sends = codes[:4] + codes[5:9], [codes[4], codes[9]]
+    assert completes == [expected] * 8, codes
+    # the send reaches the pserver holding fc_b's gradient; the other one holds no such variable
+    assert sorted(sends, key=str) == sorted([expected, grpc.StatusCode.UNAUTHENTICATED if token
+                                             else grpc.StatusCode.NOT_FOUND], key=str), codes
+    assert c.procs["pserver.0"].poll() is None and c.procs["pserver.1"].poll() is None
+    codes = c.wait(fail_fast=True)
+    assert all(code == 0 for code in codes.values()), f"exit codes {codes}; logs:\n{c.logs()}"
+    init, final = trained(tmp_path, "fc", 2, "_init"), trained(tmp_path, "fc", 2)
+    for name, value in local_reference("fc", "sgd", "const", init, 2, range(steps)).items():
+        np.testing.assert_allclose(final[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_restarted_trainer_rejoins_and_nothing_is_lost(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
+    """Issue 13 case 4: trainer 1 dies at the start of step 3 and is restarted with the same id; it is
+    admitted at step 4 (step 3 averages trainer 0 alone), its sends are applied from its first one, and
+    the result is single-process training on exactly the batches that were sent."""
+    steps = 10
+    c = Cluster(tmp_path, 2, 2, ["--steps", str(steps)], trainer_args={1: ["--die-at", "3"]})
+    clusters.append(c)
+    assert c.procs["trainer.1"].wait(timeout=WAIT) == -signal.SIGKILL, c.logs()
+    c.restart_trainer(1, ["--steps", str(steps), "--resume"])
+    codes = c.wait(fail_fast=True)
+    assert all(code == 0 for code in codes.values()), f"exit codes {codes}; logs:\n{c.logs()}"
+    assert "trainer 1 resumes at step 4" in c.log("trainer.1.restarted"), c.log("trainer.1.restarted")
+    for tag in ("pserver.0", "pserver.1"):
+        assert "trainer 1 rejoined as incarnation" in c.log(tag) and "it takes part from step 4" in c.log(tag)
+    init, final = trained(tmp_path, "fc", 2, "_init"), trained(tmp_path, "fc", 2)
+    expected = local_reference("fc", "sgd", "const", init, 2, range(steps), present=lambda t, step: t == 0 or step != 3)
+    for name, value in expected.items():
+        np.testing.assert_allclose(final[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+    np.testing.assert_array_equal(dict(np.load(tmp_path / "trainer_1.npz"))["fc_w"], final["fc_w"])
+
+
 def test_dead_trainer_fails_the_pservers_naming_it(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
     c = Cluster(tmp_path, 2, 2, ["--steps", "10"], env={"FLAGS_pserver_timeout_ms": "2000"},
                 trainer_args={1: ["--die-at", "3"]})
@@ -214,7 +311,8 @@ def test_checkpoint_restart_is_bit_identical(tmp_path: pathlib.Path, clusters: l
 
     first, ckpt = tmp_path / "first", tmp_path / "ckpt"
     first.mkdir()
-    c = Cluster(first, 2, 2, args + ["--steps", "10", "--save-at", "10", "--ckpt", str(ckpt), "--hold"])
+    c = Cluster(first, 2, 2, args + ["--steps", "10", "--save-at", "10", "--ckpt", str(ckpt), "--hold"],
+                env={"FLOTILLA_CHECKPOINT_ROOT": str(tmp_path)})
     clusters.append(c)
     c.wait_for(first / "saved")
     c.kill()

@@ -4,7 +4,7 @@ variables are bit-identical. Also: RPCClient against a dead port, Health, a floo
 ``listen_and_serv`` kernel serving until every trainer completed."""
 from __future__ import annotations
 
-import itertools
+import collections
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -20,7 +20,7 @@ from runtime.rpc.server import SERVICE, grpc_options
 from runtime.rpc.wire import decode_variable, encode_variable
 from runtime.scope import Scope, SelectedRows
 from tests.runtime.rpc.conftest import (LR, PARAMS, SHAPES, JOIN_S, PSHandle, Tracker, build_pserver, free_port,
-                                        listen_op, pserver_programs)
+                                        inc, listen_op, pserver_programs)
 
 TIMEOUT_S = 5.0
 CODE = grpc.StatusCode
@@ -68,15 +68,21 @@ class Served:
     def __init__(self, handle: PSHandle) -> None:
         self.h = handle
         self.raw = Raw(handle.endpoint)
-        self.seq = itertools.count(1)
+        self.seq: dict[tuple[int, str], int] = collections.defaultdict(lambda: 1)  # the next seq of each
 
     def send_bytes(self, param: str, value: Any, *, trainer_id: int = 0, step: int = 0, name: str | None = None) -> bytes:
         return encode_variable(name or self.h.grad_name(param, trainer_id), value, trainer_id=trainer_id, step=step,
-                               seq=next(self.seq))
+                               seq=self.seq[trainer_id, name or self.h.grad_name(param, trainer_id)],
+                               incarnation=inc(trainer_id))
+
+    def sent(self, param: str, trainer_id: int = 0) -> None:
+        """Count an accepted send: the next one carries the next seq."""
+        self.seq[trainer_id, self.h.grad_name(param, trainer_id)] += 1
 
     def good_send(self) -> None:
         """A valid gradient of fc_b from trainer 0 (sync: stored for step 0; async: applied)."""
         self.raw.call("SendVariable", self.send_bytes("fc_b", np.full((30,), 0.5, np.float32)))
+        self.sent("fc_b")
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +159,8 @@ BAD: dict[str, tuple[str, Callable[[Served], bytes], CODE, str, tuple[str, ...]]
                                  .SerializeToString(), CODE.INVALID_ARGUMENT, "trainer_id -3 is out of range", BOTH),
     "barrier-trainer-out-of-range": ("Barrier", lambda s: pb.BarrierRequest(trainer_id=9).SerializeToString(),
                                      CODE.INVALID_ARGUMENT, "trainer_id 9 is out of range", BOTH),
-    "complete-trainer-out-of-range": ("Complete", lambda s: pb.CompleteRequest(trainer_id=2).SerializeToString(),
+    "complete-trainer-out-of-range": ("Complete", lambda s: pb.CompleteRequest(trainer_id=2, incarnation=inc(2))
+                                      .SerializeToString(),
                                       CODE.INVALID_ARGUMENT, "trainer_id 2 is out of range", BOTH),
     "unknown-barrier-kind": ("Barrier", lambda s: pb.BarrierRequest(trainer_id=0, kind=5).SerializeToString(),
                              CODE.INVALID_ARGUMENT, "unknown barrier kind 5; expected SEND or FETCH", BOTH),
@@ -163,7 +170,8 @@ BAD: dict[str, tuple[str, Callable[[Served], bytes], CODE, str, tuple[str, ...]]
                                    ("sync",)),
     "send-future-step": ("SendVariable", lambda s: s.send_bytes("fc_b", _f32((30,)), step=4),
                          CODE.FAILED_PRECONDITION, "for step 4, but the pserver is at step 0", ("sync",)),
-    "barrier-future-step": ("Barrier", lambda s: pb.BarrierRequest(trainer_id=1, step=3).SerializeToString(),
+    "barrier-future-step": ("Barrier", lambda s: pb.BarrierRequest(trainer_id=1, step=3, incarnation=inc(1))
+                            .SerializeToString(),
                             CODE.FAILED_PRECONDITION, "SEND barrier of step 3 from trainer 1", ("sync",)),
 }
 CASES = [(name, mode) for name, case in BAD.items() for mode in case[4]]
@@ -195,23 +203,24 @@ def test_send_after_complete_is_failed_precondition(one_served: Callable[[bool],
     for t in (0, 1):
         for p in PARAMS:
             s.raw.call("SendVariable", s.send_bytes(p, g[p], trainer_id=t))
-    s.raw.call("Complete", pb.CompleteRequest(trainer_id=1).SerializeToString())
+            s.sent(p, t)
+    s.raw.call("Complete", pb.CompleteRequest(trainer_id=1, incarnation=inc(1)).SerializeToString())
     before = {p: s.raw.get(p) for p in PARAMS}
     snapshot = s.h.snapshot()
     err = s.raw.error("SendVariable", s.send_bytes("fc_b", _f32((30,)), trainer_id=1))
     assert err.code() == CODE.FAILED_PRECONDITION
     assert "send of 'fc_b@GRAD.trainer_1' from trainer 1, which already sent Complete" in err.details()
-    err = s.raw.error("Barrier", pb.BarrierRequest(trainer_id=1, step=0).SerializeToString())
+    err = s.raw.error("Barrier", pb.BarrierRequest(trainer_id=1, step=0, incarnation=inc(1)).SerializeToString())
     assert err.code() == CODE.FAILED_PRECONDITION and "which already sent Complete" in err.details()
     assert {p: s.raw.get(p) for p in PARAMS} == before
     assert s.h.snapshot() == snapshot
-    # Complete is idempotent, and the remaining trainer alone finishes the step; trainer 1's zeroed
-    # gradients add nothing (the program still averages over the 2 trainers it was transpiled for)
-    s.raw.call("Complete", pb.CompleteRequest(trainer_id=1).SerializeToString())
+    # Complete is idempotent, and the remaining trainer alone finishes the step; trainer 1's gradients of
+    # this step were acknowledged before it completed, so they still count: the step averages both
+    s.raw.call("Complete", pb.CompleteRequest(trainer_id=1, incarnation=inc(1)).SerializeToString())
     assert list(s.raw.health().live_trainers) == [0]
-    s.raw.call("Barrier", pb.BarrierRequest(trainer_id=0, step=0, kind=pb.SEND).SerializeToString())
+    s.raw.call("Barrier", pb.BarrierRequest(trainer_id=0, step=0, kind=pb.SEND, incarnation=inc(0)).SerializeToString())
     for p in PARAMS:
-        want = decode_variable(before[p]).value - np.float32(LR) * g[p] * np.float32(0.5)
+        want = decode_variable(before[p]).value - np.float32(LR) * g[p]
         np.testing.assert_allclose(decode_variable(s.raw.get(p)).value, want, rtol=1e-6, atol=1e-6)
 
 
@@ -226,7 +235,7 @@ def test_health_reports_serving_and_the_live_trainers(served: dict[str, Served])
 def test_health_after_every_trainer_completed_is_not_serving(one_served: Callable[[bool], Served]) -> None:
     s = one_served(False)
     for t in (0, 1):
-        s.raw.call("Complete", pb.CompleteRequest(trainer_id=t).SerializeToString())
+        s.raw.call("Complete", pb.CompleteRequest(trainer_id=t, incarnation=inc(t)).SerializeToString())
     h = s.raw.health()
     assert h.status == pb.HealthReply.NOT_SERVING and list(h.live_trainers) == []
 
@@ -276,7 +285,7 @@ def test_client_against_a_dead_port_fails_within_its_deadline_naming_the_endpoin
 
 def test_client_errors_carry_the_status_and_name_the_endpoint(one_served: Callable[[bool], Served]) -> None:
     s = one_served(True)
-    client = RPCClient(0, deadline=TIMEOUT_S)
+    client = RPCClient(0, deadline=TIMEOUT_S, incarnation=inc(0))  # the incarnation the fixture announced
     try:
         (value,) = client.get([(s.h.endpoint, "fc_b")])
         assert value.tobytes() == decode_variable(s.raw.get("fc_b")).value.tobytes()
@@ -311,7 +320,9 @@ def test_listen_and_serv_serves_until_every_trainer_completed(monkeypatch: pytes
     try:
         assert raw.health().status == pb.HealthReply.SERVING
         for t in (0, 1):
-            raw.call("Complete", pb.CompleteRequest(trainer_id=t).SerializeToString())
+            raw.call("Announce", pb.AnnounceRequest(trainer_id=t, incarnation=inc(t)).SerializeToString())
+        for t in (0, 1):
+            raw.call("Complete", pb.CompleteRequest(trainer_id=t, incarnation=inc(t)).SerializeToString())
         thread.join(JOIN_S)
         assert not thread.is_alive(), "listen_and_serv did not return after every trainer completed"
         assert errors == []

@@ -1,0 +1,309 @@
+"""Collective-mode benchmark: ``python bench/collective_bench.py [--quick] [--json FILE]``.
+
+Everything is measured in one run, on this machine, over 127.0.0.1, each figure beside the baseline it is
+compared with:
+
+(a) allreduce bus bandwidth of 4 MiB and 64 MiB float32 over 2 trainer processes, through the runtime's
+    own path (a ``c_allreduce_sum`` op run by ``runtime.Executor`` in a group formed by ``gen_nccl_id``),
+    against (i) a bare ``jax.lax.psum`` under ``shard_map`` in the same processes and (ii) raw loopback
+    TCP between the same two processes (bytes one way, sockets of Python). For 2 ranks the bus
+    bandwidth equals the algorithm bandwidth (bytes / time); a ring allreduce moves as many bytes each
+    way as one send of the buffer, so raw TCP is its ceiling.
+(b) ResNet and Transformer examples (``examples/resnet``, ``examples/transformer``): examples/s of one
+    process, and of 2 trainer processes (nccl2, each on its half of every global batch), and the
+    scaling ratio (2-process job throughput / 1-process throughput). The 2 processes share the same 2
+    cores as the 1 process had alone, so a ratio near 1 is the ceiling here, not 2.
+(c) fused against unfused gradient allreduce for an MLP with 120 small gradients (60 layers of 16
+    units): step time of 2 trainers with ``fuse_grad_size_in_MB=32`` (one collective) and ``0`` (120).
+
+Timings take the median of repeated runs after warm-up (compilation excluded). ``--quick`` runs fewer
+repetitions; its figures say so and are not comparable with a full run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+MIB = 1 << 20
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+# --- worker side -------------------------------------------------------------------------------------------
+
+
+def _join(rank: int, endpoints: list[str]) -> None:
+    from runtime.collective import join_group
+
+    join_group(rank, endpoints)
+
+
+def _timed(fn: Any, reps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _tcp_pair(rank: int, port: int, nbytes: int, reps: int) -> float:
+    """Seconds to move ``nbytes`` from rank 0 to rank 1 over loopback TCP (median), measured on rank 1."""
+    import numpy as np
+
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    if rank == 0:
+        with socket.create_server(("127.0.0.1", port)) as srv:
+            conn, _ = srv.accept()
+            with conn:
+                payload = np.ones(nbytes // 4, np.float32).tobytes()
+                for _ in range(reps + 2):
+                    conn.sendall(payload)
+                    conn.recv(1)
+        return 0.0
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    times = []
+    with conn:
+        for i in range(reps + 2):
+            t = time.perf_counter()
+            got = 0
+            while got < nbytes:
+                got += conn.recv_into(view[got:], nbytes - got)
+            times.append(time.perf_counter() - t)
+            conn.sendall(b"k")
+    return statistics.median(times[2:])
+
+
+def _allreduce_program(numel: int) -> Any:
+    from ir import Program, program_guard
+    from ir.roles import OP_ROLE_ATTR, OpRole
+
+    main = Program()
+    with program_guard(main, Program()):
+        block = main.global_block()
+        block.create_var("buf", shape=(numel,), dtype="float32", persistable=True)
+        block.append_op("c_allreduce_sum", {"X": ["buf"]}, {"Out": ["buf"]},
+                        {"nranks": 2, OP_ROLE_ATTR: int(OpRole.BACKWARD)})
+    return main
+
+
+def worker_transport(rank: int, endpoints: list[str], tcp_port: int, reps: int) -> dict[str, Any]:
+    _join(rank, endpoints)
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import runtime
+    from runtime.collective import AXIS, process_mesh
+
+    out: dict[str, Any] = {}
+    mesh = process_mesh()
+    for mib in (4, 64):
+        numel = mib * MIB // 4
+        exe, scope = runtime.Executor(), runtime.Scope()
+        scope.set_var("buf", np.full(numel, 1.0 / 1024, np.float32))
+        program = _allreduce_program(numel)
+
+        def through_runtime() -> None:
+            exe.run(program, scope=scope)
+            jax.block_until_ready(scope.find_var("buf"))
+
+        runtime_s = _timed(through_runtime, reps)
+        psum = jax.jit(jax.shard_map(lambda a: jax.lax.psum(a, AXIS), mesh=mesh.mesh, in_specs=P(), out_specs=P(),
+                                     check_vma=False))
+        x = mesh.to_global(np.ones(numel, np.float32), False)
+        bare_s = _timed(lambda: jax.block_until_ready(psum(x)), reps)
+        tcp_s = _tcp_pair(rank, tcp_port + (0 if mib == 4 else 1), numel * 4, reps)
+        out[f"{mib}MiB"] = {"runtime_s": runtime_s, "psum_s": bare_s, "tcp_s": tcp_s, "bytes": numel * 4}
+    return out
+
+
+def _example(name: str) -> Any:
+    if name == "resnet":
+        from examples.resnet import train
+    else:
+        from examples.transformer import train
+    return train
+
+
+def worker_model(rank: int, endpoints: list[str], name: str, steps: int, batch: int) -> dict[str, Any]:
+    """Examples/s of one trainer of ``len(endpoints)`` (1: plain single-process training)."""
+    n = len(endpoints)
+    if n > 1:
+        _join(rank, endpoints)
+    import numpy as np
+
+    import runtime
+    from transpiler import DistributeTranspiler, DistributeTranspilerConfig
+
+    train = _example(name)
+    args = train.parse_args(["--batch-size", str(batch)])
+    main, startup, loss, feeds = train.build(args)
+    if n > 1:
+        t = DistributeTranspiler(DistributeTranspilerConfig(mode="nccl2"))
+        t.transpile(rank, program=main, startup_program=startup, trainers=",".join(endpoints))
+        main, startup = t.get_trainer_program(), t.get_trainer_startup_program()
+    exe, scope = runtime.Executor(), runtime.Scope()
+    exe.run(startup, scope=scope)
+    data = list(train.batches(args, 4))
+    shards = [{k: v[rank::n] for k, v in b.items()} for b in data]
+    for b in shards[:2]:  # compile
+        exe.run(main, feed=b, fetch_list=[loss], scope=scope)
+    start = time.perf_counter()
+    for i in range(steps):
+        out, = exe.run(main, feed=shards[i % len(shards)], fetch_list=[loss], scope=scope)
+    np.asarray(out)
+    elapsed = time.perf_counter() - start
+    return {"examples_per_s": steps * batch / n / elapsed, "step_s": elapsed / steps}
+
+
+def worker_fusion(rank: int, endpoints: list[str], fuse_mb: float, steps: int) -> dict[str, Any]:
+    _join(rank, endpoints)
+    import numpy as np
+
+    import runtime
+    from ir import Program, layers, optimizer, program_guard
+    from ir.names import unique_name
+    from transpiler import DistributeTranspiler, DistributeTranspilerConfig
+
+    main, startup = Program(), Program()
+    with unique_name.guard(), program_guard(main, startup):
+        x = layers.data(name="x", shape=[16], dtype="float32")
+        h = x
+        for _ in range(60):
+            h = layers.fc(input=h, size=16, act="tanh")
+        loss = layers.mean(layers.square(h))
+        optimizer.SGD(0.01).minimize(loss)
+    t = DistributeTranspiler(DistributeTranspilerConfig(mode="nccl2", fuse_grad_size_in_MB=fuse_mb))
+    t.transpile(rank, program=main, startup_program=startup, trainers=",".join(endpoints))
+    main_t = t.get_trainer_program()
+    collectives = sum(op.type == "c_allreduce_sum" for op in main_t.global_block().ops)
+    exe, scope = runtime.Executor(), runtime.Scope()
+    exe.run(t.get_trainer_startup_program(), scope=scope)
+    feed = {"x": np.random.default_rng(rank).normal(size=(32, 16)).astype("float32")}
+
+    def step() -> None:
+        out, = exe.run(main_t, feed=feed, fetch_list=[loss], scope=scope)
+        np.asarray(out)
+
+    return {"step_s": _timed(step, steps), "collectives": collectives}
+
+
+def worker_main(argv: list[str]) -> None:
+    spec = json.loads(argv[0])
+    kind, rank, endpoints = spec["kind"], spec["rank"], spec["endpoints"]
+    if kind == "transport":
+        result = worker_transport(rank, endpoints, spec["tcp_port"], spec["reps"])
+    elif kind == "model":
+        result = worker_model(rank, endpoints, spec["name"], spec["steps"], spec["batch"])
+    else:
+        result = worker_fusion(rank, endpoints, spec["fuse_mb"], spec["steps"])
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# --- driver side -------------------------------------------------------------------------------------------
+
+
+def run_job(n: int, **spec: Any) -> list[dict[str, Any]]:
+    """Start ``n`` worker processes with ``spec``; return their results, rank order."""
+    endpoints = [f"127.0.0.1:{p}" for p in free_ports(n)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "TRAINING_ROLE"))}
+    env.setdefault("FLAGS_collective_timeout_s", "120")
+    procs = [subprocess.Popen([sys.executable, __file__, "--worker",
+                               json.dumps({**spec, "rank": r, "endpoints": endpoints})],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(n)]
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=900)
+            lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+            if p.returncode != 0 or not lines:
+                raise RuntimeError(f"a benchmark worker failed (exit {p.returncode}):\n{err[-3000:]}")
+            results.append(json.loads(lines[-1][len("RESULT "):]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    return results
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker_main(sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions (figures not comparable)")
+    ap.add_argument("--json", default=None, help="also write the figures to this file")
+    args = ap.parse_args()
+    reps, steps = (3, 10) if args.quick else (10, 40)
+    report: dict[str, Any] = {"quick": args.quick, "load_before": os.getloadavg()[0]}
+    note = "  (--quick: not comparable with a full run)" if args.quick else ""
+
+    print(f"(a) allreduce over 2 processes, 127.0.0.1, bus bandwidth GB/s (median of {reps}){note}")
+    t = run_job(2, kind="transport", tcp_port=free_ports(1)[0], reps=reps)[1]
+    print(f"   {'size':>6} {'runtime':>8} {'bare psum':>10} {'raw TCP':>8} {'runtime/TCP':>12} {'runtime/psum':>13}")
+    for size, f in t.items():
+        bw = {k: f["bytes"] / f[f"{k}_s"] / 1e9 for k in ("runtime", "psum", "tcp")}
+        print(f"   {size:>6} {bw['runtime']:8.2f} {bw['psum']:10.2f} {bw['tcp']:8.2f} "
+              f"{bw['runtime'] / bw['tcp']:12.2f} {bw['runtime'] / bw['psum']:13.2f}")
+        report[f"allreduce_{size}"] = bw
+    print("   reference, not measured here: torch gloo ~1.65 GB/s bus bandwidth for 64 MiB on this machine kind")
+
+    print(f"(b) examples/s (global batch 32 split over the trainers, {steps} steps after warm-up){note}")
+    print(f"   {'model':>12} {'1 process':>10} {'2 processes':>12} {'scaling':>8}")
+    for name in ("resnet", "transformer"):
+        one = run_job(1, kind="model", name=name, steps=steps, batch=32)[0]["examples_per_s"]
+        two = sum(r["examples_per_s"] for r in run_job(2, kind="model", name=name, steps=steps, batch=32))
+        print(f"   {name:>12} {one:10.0f} {two:12.0f} {two / one:8.2f}")
+        report[f"{name}_examples_per_s"] = {"one": one, "two": two, "scaling": two / one}
+    print("   (2 processes share the 2 cores that 1 process had: about 1.0 is the ceiling here)")
+
+    print(f"(c) 120 small gradients (60 fc layers of 16), 2 processes, step time ms{note}")
+    fused = run_job(2, kind="fusion", fuse_mb=32.0, steps=steps)[0]
+    unfused = run_job(2, kind="fusion", fuse_mb=0.0, steps=steps)[0]
+    print(f"   fused ({fused['collectives']} collective): {fused['step_s'] * 1e3:.2f}   unfused "
+          f"({unfused['collectives']} collectives): {unfused['step_s'] * 1e3:.2f}   unfused/fused "
+          f"{unfused['step_s'] / fused['step_s']:.2f}")
+    report["fusion"] = {"fused_s": fused["step_s"], "unfused_s": unfused["step_s"]}
+    report["load_after"] = os.getloadavg()[0]
+    print(f"load average (1 min): {report['load_before']:.2f} before, {report['load_after']:.2f} after")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""SimNet-BOW: pairwise query/title matching on bag-of-words LoD sequences (a parameter-server model)."""

@@ -1,0 +1,352 @@
+"""Collectives: the trainer group (``jax.distributed``), the data-parallel mesh, and the moves between a
+process's own values and the mesh's global arrays.
+
+A collective job is one process a trainer; the group is formed once per process by ``join_group`` (the
+``gen_nccl_id`` kernel calls it), after a rendezvous of our own on trainer 0's endpoint that is bounded
+in time and names the trainers that did not come (``jax.distributed.initialize`` alone aborts the
+process without saying who is missing). JAX then picks the transport: gloo on CPU, NCCL on GPU.
+
+Data parallelism runs each compiled step under ``jax.shard_map`` over a 1-D mesh (axis ``dp``) of one
+device a rank. Every value is a rank's own value ("per rank"):
+- batch-major variables (declared dim 0 is -1: feeds, activations, their gradients) are split along
+  dim 0 over the mesh (``P('dp')``): a process feeds its own batch, split over its local devices;
+- every other variable (parameters, accumulators, the loss, gradients of parameters) is declared
+  replicated (``P()``) and each device holds its own copy. Copies differ until a collective makes them
+  equal (``c_broadcast`` at startup, ``c_allreduce_sum`` on gradients); ``shard_map`` runs with
+  ``check_vma=False`` so JAX does not second-guess that.
+A process reads its own value of a global array with ``local_value`` (its first device's copy, or its
+batch rows; fetches of other values concatenate its devices' copies along dim 0, as Fluid's
+ParallelExecutor did).
+
+Invariants: the group is joined at most once per process and never re-formed; no JAX computation may run
+in the process before it is joined (JAX's rule; ``join_group`` says so when broken); every wait here is
+bounded by ``FLAGS_collective_timeout_s`` (default 120 s, read when the group is joined).
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from runtime.role import parse_endpoint
+from runtime.scope import ExecutionError, SelectedRows
+
+AXIS = "dp"
+TIMEOUT_ENV = "FLAGS_collective_timeout_s"
+HEARTBEAT_ENV = "FLAGS_collective_heartbeat_s"
+TOKEN_ENV = "FLOTILLA_JOB_TOKEN"
+_MAGIC = b"FLTC"  # rendezvous messages: magic, rank, token digest
+_GO, _ABORT = b"G", b"A"
+
+
+class CollectiveError(ExecutionError):
+    """The trainer group could not be formed, or a collective step failed."""
+
+    code = "E650"
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process's trainer group."""
+
+    trainer_id: int
+    endpoints: tuple[str, ...]
+
+    @property
+    def nranks(self) -> int:
+        return len(self.endpoints)
+
+
+_group: Group | None = None  # jax.distributed is process-global state; so is the group it forms
+
+
+def current_group() -> Group | None:
+    return _group
+
+
+def _seconds(env: str, default: float) -> float:
+    raw = os.environ.get(env, "")
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise CollectiveError(f"{env}={raw!r} is not a number of seconds", hint=f"e.g. {env}={int(default)}") from None
+    if not 0 < value < 1e6:
+        raise CollectiveError(f"{env}={raw!r} is out of range; expected seconds > 0")
+    return value
+
+
+def join_group(trainer_id: int, endpoints: Sequence[str]) -> Group:
+    """Form the trainer group (once per process): rendezvous on ``endpoints[0]``, then
+    ``jax.distributed.initialize`` with trainer 0 as the coordinator, bound on that endpoint only.
+
+    Joining again with the same arguments returns the group; with others it raises."""
+    global _group
+    eps = tuple(endpoints)
+    if not 0 <= trainer_id < len(eps):
+        raise CollectiveError(f"trainer_id {trainer_id} is out of range for {len(eps)} trainer endpoint(s)")
+    if _group is not None:
+        if _group.trainer_id == trainer_id and _group.endpoints == eps:
+            return _group
+        raise CollectiveError(f"this process already joined a group as trainer {_group.trainer_id} of "
+                              f"{list(_group.endpoints)}; it cannot join {list(eps)} as trainer {trainer_id}",
+                              hint="a process belongs to one collective group for its whole life")
+    if len(eps) == 1:
+        _group = Group(trainer_id, eps)
+        return _group
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        raise CollectiveError("JAX already ran a computation in this process, so it can no longer join the "
+                              f"group of {len(eps)} trainers",
+                              hint="run the trainer startup program (its gen_nccl_id op) before anything else "
+                                   "touches JAX, e.g. before building arrays with jax.numpy")
+    timeout = _seconds(TIMEOUT_ENV, 120.0)
+    heartbeat = _seconds(HEARTBEAT_ENV, 30.0)
+    token = os.environ.get(TOKEN_ENV, "")
+    _rendezvous(trainer_id, eps, timeout, token)
+    kwargs: dict[str, Any] = {}
+    gpus = os.environ.get("FLAGS_selected_gpus", "").strip()
+    if gpus and _has_gpu_platform():
+        kwargs["local_device_ids"] = [int(g) for g in gpus.split(",")]
+    jax.distributed.initialize(coordinator_address=eps[0], num_processes=len(eps), process_id=trainer_id,
+                               coordinator_bind_address=eps[0] if trainer_id == 0 else None,
+                               initialization_timeout=max(1, int(timeout)),
+                               heartbeat_timeout_seconds=max(1, int(heartbeat)), **kwargs)
+    _group = Group(trainer_id, eps)
+    return _group
+
+
+def _has_gpu_platform() -> bool:
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    return "cuda" in platforms or "gpu" in platforms or (not platforms and os.path.exists("/dev/nvidia0"))
+
+
+def _digest(token: str) -> bytes:
+    return hmac.new(token.encode(), b"flotilla-collective", "sha256").digest()
+
+
+def _rendezvous(trainer_id: int, eps: tuple[str, ...], timeout: float, token: str) -> None:
+    """Every trainer reports to trainer 0 on its endpoint; trainer 0 answers GO once all are in, or
+    ABORT naming the missing ones when ``timeout`` passes. The listener is closed before JAX binds the
+    same endpoint for its coordinator."""
+    host, port = parse_endpoint(eps[0], "trainer 0's endpoint")
+    deadline = time.monotonic() + timeout
+    digest = _digest(token)
+    if trainer_id == 0:
+        _lead(host, port, len(eps), deadline, digest, eps)
+    else:
+        _follow(host, port, trainer_id, deadline, digest, eps)
+
+
+def _lead(host: str, port: int, n: int, deadline: float, digest: bytes, eps: tuple[str, ...]) -> None:
+    peers: dict[int, socket.socket] = {}
+    try:
+        with socket.create_server((host, port), reuse_port=False) as server:
+            server.settimeout(0.2)
+            while len(peers) < n - 1 and time.monotonic() < deadline:
+                try:
+                    conn, _ = server.accept()
+                except socket.timeout:
+                    continue
+                conn.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    msg = _recv_exact(conn, 4 + 4 + 32)
+                except OSError:
+                    conn.close()
+                    continue
+                rank = struct.unpack("!I", msg[4:8])[0]
+                if msg[:4] != _MAGIC or not 0 < rank < n or rank in peers or not hmac.compare_digest(msg[8:], digest):
+                    conn.close()  # not one of ours (or a wrong job token): ignore it
+                    continue
+                peers[rank] = conn
+            missing = [r for r in range(1, n) if r not in peers]
+            answer = _ABORT if missing else _GO
+            for conn in peers.values():
+                try:
+                    conn.sendall(answer + struct.pack("!I", len(missing)) + b"".join(struct.pack("!I", r)
+                                                                                      for r in missing))
+                except OSError:
+                    pass
+            for conn in peers.values():  # let the followers close first (no TIME_WAIT on our port)
+                try:
+                    conn.settimeout(1.0)
+                    conn.recv(1)
+                except OSError:
+                    pass
+    except OSError as e:
+        raise CollectiveError(f"trainer 0 cannot listen on its endpoint {eps[0]}: {e.strerror or e}",
+                              hint="the endpoint must be this machine's address and a free port") from None
+    finally:
+        for conn in peers.values():
+            conn.close()
+    if missing:
+        raise CollectiveError(f"trainer(s) {missing} ({', '.join(eps[r] for r in missing)}) did not join the group "
+                              f"within {TIMEOUT_ENV}={_seconds(TIMEOUT_ENV, 120.0):g} s",
+                              hint="start every trainer (flotilla launch --nproc_per_node N does), with the same "
+                                   "PADDLE_TRAINER_ENDPOINTS and job token")
+
+
+def _follow(host: str, port: int, trainer_id: int, deadline: float, digest: bytes, eps: tuple[str, ...]) -> None:
+    while True:
+        try:
+            conn = socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+            break
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise CollectiveError(f"trainer 0 ({eps[0]}) did not come up within {TIMEOUT_ENV}="
+                                      f"{_seconds(TIMEOUT_ENV, 120.0):g} s",
+                                      hint="start trainer 0 (flotilla launch --nproc_per_node N does), and check "
+                                           "PADDLE_TRAINER_ENDPOINTS") from None
+            time.sleep(0.1)
+    with conn:
+        conn.settimeout(max(0.1, deadline - time.monotonic()) + 5.0)
+        try:
+            conn.sendall(_MAGIC + struct.pack("!I", trainer_id) + digest)
+            answer = _recv_exact(conn, 5)
+            count = struct.unpack("!I", answer[1:5])[0]
+            missing = list(struct.unpack(f"!{count}I", _recv_exact(conn, 4 * count))) if count else []
+        except OSError as e:
+            raise CollectiveError(f"the rendezvous with trainer 0 ({eps[0]}) broke off: {e}",
+                                  hint="trainer 0 failed or refused this trainer (a different job token?)") from None
+    if answer[:1] != _GO:
+        raise CollectiveError(f"trainer(s) {missing} ({', '.join(eps[r] for r in missing)}) did not join the group",
+                              hint="start every trainer with the same PADDLE_TRAINER_ENDPOINTS and job token")
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        buf += chunk
+    return bytes(buf)
+
+
+# --- the data-parallel mesh ------------------------------------------------------------------------
+
+
+class DataParallel:
+    """A 1-D mesh (axis ``dp``) of one device a rank, and the conversions to and from it."""
+
+    def __init__(self, devices: Sequence[jax.Device]) -> None:
+        self.devices = tuple(devices)
+        self.mesh = Mesh(np.array(self.devices, dtype=object), (AXIS,))
+        self.replicated = NamedSharding(self.mesh, P())
+        self.batched = NamedSharding(self.mesh, P(AXIS))
+        me = jax.process_index()
+        self.local_devices = tuple(d for d in self.devices if d.process_index == me)
+        if not self.local_devices:
+            raise CollectiveError("this process has no device in the data-parallel mesh")
+
+    @property
+    def nranks(self) -> int:
+        return len(self.devices)
+
+    def spec(self, batch: bool) -> P:
+        return P(AXIS) if batch else P()
+
+    def to_global(self, value: Any, batch: bool) -> Any:
+        """``value`` (this process's own) as a global array of the mesh; SelectedRows leaf by leaf."""
+        if isinstance(value, SelectedRows):
+            return SelectedRows(self.to_global(value.rows, False), self.to_global(value.values, False), value.height)
+        sharding = self.batched if batch else self.replicated
+        if isinstance(value, jax.Array) and value.sharding == sharding:
+            return value
+        if isinstance(value, jax.Array) and len(value.sharding.device_set) > 1:
+            value = local_value(value, batch=batch)
+        if not batch and len(self.local_devices) == 1 and isinstance(value, jax.Array):
+            local = jax.device_put(value, self.local_devices[0])
+            return jax.make_array_from_single_device_arrays(local.shape, sharding, [local])
+        local = np.asarray(value)
+        if batch and local.ndim and local.shape[0] % len(self.local_devices):
+            raise ExecutionError(f"a batch of {local.shape[0]} rows does not split over this process's "
+                                 f"{len(self.local_devices)} devices",
+                                 hint=f"feed a multiple of {len(self.local_devices)} rows a step")
+        return jax.make_array_from_process_local_data(sharding, local)
+
+
+def local_value(value: Any, *, batch: bool = False, merge: bool = False) -> Any:
+    """This process's own value of ``value``: its batch rows (``batch``), its devices' copies
+    concatenated along dim 0 (``merge``, Fluid's ParallelExecutor fetch), or its first device's copy."""
+    if isinstance(value, SelectedRows):
+        return SelectedRows(local_value(value.rows), local_value(value.values), value.height)
+    if not isinstance(value, jax.Array) or len(value.sharding.device_set) <= 1:
+        return value
+    shards = sorted(value.addressable_shards, key=lambda s: (s.index[0].start or 0) if s.index else 0)
+    if batch and not value.sharding.is_fully_replicated:
+        seen: dict[Any, Any] = {}
+        for s in shards:
+            seen.setdefault(s.index[0].start if s.index else 0, s.data)
+        return jax.numpy.concatenate(list(seen.values())) if len(seen) > 1 else next(iter(seen.values()))
+    if merge and len(shards) > 1:
+        datas = [np.asarray(s.data) for s in sorted(value.addressable_shards, key=lambda s: s.device.id)]
+        return np.concatenate([d.reshape((1,) if d.ndim == 0 else d.shape) for d in datas])
+    return shards[0].data
+
+
+_meshes: dict[tuple[jax.Device, ...], DataParallel] = {}  # one object a device set: compiled runs key on it
+
+
+def _mesh_of(devices: Sequence[jax.Device]) -> DataParallel:
+    key = tuple(devices)
+    mesh = _meshes.get(key)
+    if mesh is None:
+        mesh = _meshes[key] = DataParallel(key)
+    return mesh
+
+
+def process_mesh() -> DataParallel:
+    """One device a trainer process (its first local device), in rank order."""
+    by_process: dict[int, jax.Device] = {}
+    for d in jax.devices():
+        by_process.setdefault(d.process_index, d)
+    return _mesh_of([by_process[p] for p in sorted(by_process)])
+
+
+def device_mesh() -> DataParallel:
+    """Every device of every trainer process (Fluid's ParallelExecutor over all local devices)."""
+    return _mesh_of(jax.devices())
+
+
+def describe_failure(error: BaseException) -> CollectiveError:
+    """A collective step failed (a peer died or hung up): say which trainers are gone, when the group's
+    key-value store can tell within a couple of seconds (the survivors report in; the rest are gone)."""
+    missing = _missing_ranks()
+    who = f"trainer(s) {missing} left the group" if missing else "a peer trainer left the group"
+    size = f" of {_group.nranks} trainers" if _group is not None else ""
+    return CollectiveError(f"a collective step{size} failed: {who} ({str(error).splitlines()[0]})",
+                           hint="see the failed trainer's log; the job cannot continue without it")
+
+
+def _missing_ranks(wait_s: float = 2.0) -> list[int]:
+    group = _group
+    if group is None or group.nranks == 1:
+        return []
+    try:
+        from jax._src import distributed
+
+        client = distributed.global_state.client
+        if client is None:
+            return []
+        key = "flotilla/alive"  # a failed group is never used again: one key serves
+        client.key_value_set(f"{key}/{group.trainer_id}", "1", allow_overwrite=True)
+        time.sleep(wait_s)
+        alive = {int(k.rsplit("/", 1)[-1]) for k, _ in client.key_value_dir_get(key)}
+    except Exception:  # noqa: BLE001 - best effort: the store may be gone with the failed peer
+        return []
+    return [r for r in range(group.nranks) if r not in alive]
+
+
+__all__ = ["AXIS", "CollectiveError", "DataParallel", "Group", "current_group", "describe_failure", "device_mesh",
+           "join_group", "local_value", "process_mesh"]

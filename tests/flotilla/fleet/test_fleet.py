@@ -1,0 +1,125 @@
+"""Fleet in one process: role makers, the programs ``minimize`` gives each role, the local job, misuse.
+The multi-process runs (2 pservers x 2 workers, 2 collective workers) are in
+``tests/flotilla/test_examples.py``."""
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from flotilla import fluid
+from flotilla.fleet import (DistributedStrategy, FleetError, PaddleCloudRoleMaker, ParameterServerFleet, Role,
+                            UserDefinedCollectiveRoleMaker, UserDefinedRoleMaker)
+from flotilla.fleet.collective import CollectiveFleet
+from runtime.role import ROLE_ENV_VARS
+
+SERVERS = ["127.0.0.1:6174", "127.0.0.1:6175"]
+
+
+@pytest.fixture(autouse=True)
+def no_role_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ROLE_ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def regression() -> tuple[object, object]:
+    x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+    y = fluid.layers.data(name="y", shape=[1], dtype="float32")
+    pred = fluid.layers.fc(input=x, size=1)
+    return pred, fluid.layers.mean(fluid.layers.square_error_cost(input=pred, label=y))
+
+
+def minimized(fleet: object, role_maker: object, strategy: object = None) -> tuple[fluid.Program, fluid.Program]:
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        _, loss = regression()
+        fleet.init(role_maker)
+        fleet.distributed_optimizer(fluid.optimizer.SGD(0.1), strategy).minimize(loss)
+    return main, startup
+
+
+def test_local_job_trains_the_single_machine_programs(tmp_path: pathlib.Path) -> None:
+    fleet = ParameterServerFleet()
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard(), fluid.scope_guard(fluid.Scope()):
+        pred, loss = regression()
+        fleet.init(PaddleCloudRoleMaker())
+        opt = fleet.distributed_optimizer(fluid.optimizer.SGD(0.1), DistributedStrategy())
+        opt.minimize(loss)
+        assert fleet.main_program is main and fleet.startup_program is startup
+        assert fleet.is_worker() and not fleet.is_server() and fleet.is_first_worker()
+        assert (fleet.worker_index(), fleet.worker_num(), fleet.server_endpoints()) == (0, 1, [])
+        exe = fluid.Executor(fluid.CPUPlace())
+        fleet.init_worker()
+        exe.run(fleet.startup_program)
+        rng = np.random.RandomState(0)
+        xs = rng.normal(size=(64, 4)).astype("float32")
+        ys = xs @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32")
+        losses = [float(exe.run(fleet.main_program, feed={"x": xs, "y": ys}, fetch_list=[loss])[0][0])
+                  for _ in range(30)]
+        assert losses[-1] < losses[0] / 10
+        fleet.save_inference_model(exe, str(tmp_path / "model"), ["x"], [pred])
+        fleet.save_persistables(exe, str(tmp_path / "ckpt"))
+        fleet.stop_worker()
+    assert (tmp_path / "model" / "__model__").exists() and (tmp_path / "ckpt" / "fc_0.w_0").exists()
+
+
+def test_worker_and_server_programs() -> None:
+    worker = ParameterServerFleet()
+    main, startup = minimized(worker, UserDefinedRoleMaker(current_id=1, role=Role.WORKER, worker_num=2,
+                                                           server_endpoints=SERVERS))
+    assert worker.main_program is main and worker.startup_program is startup  # rewritten in place, as Fluid
+    assert "send" in [op.type for op in main.global_block().ops] and worker.worker_index() == 1
+    assert not worker.is_first_worker() and worker.server_endpoints(to_string=True) == ",".join(SERVERS)
+    server = ParameterServerFleet()
+    minimized(server, UserDefinedRoleMaker(current_id=1, role=Role.SERVER, worker_num=2, server_endpoints=SERVERS),
+              fluid.DistributeTranspilerConfig(slice_var_up=False))
+    assert server.is_server() and server.server_index() == 1
+    assert server.main_program.global_block().ops[0].type == "listen_and_serv"
+    assert server.main_program.global_block().ops[0].attr("endpoint") == SERVERS[1]
+    with pytest.raises(FleetError, match=r"fleet.stop_worker\(\) is for workers"):
+        server.stop_worker()
+    with pytest.raises(FleetError, match=r"fleet.run_server\(\) is for servers"):
+        worker.run_server()
+
+
+def test_async_strategy_reaches_the_transpiler() -> None:
+    strategy = DistributedStrategy()
+    strategy.sync_mode = False
+    fleet = ParameterServerFleet()
+    minimized(fleet, UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=2, server_endpoints=SERVERS),
+              strategy)
+    ops = [op.type for op in fleet.main_program.global_block().ops]
+    assert "send" in ops and "send_barrier" not in ops and "fetch_barrier" not in ops
+
+
+def test_collective_worker_programs() -> None:
+    fleet = CollectiveFleet()
+    main, startup = minimized(fleet, UserDefinedCollectiveRoleMaker(1, ["127.0.0.1:6170", "127.0.0.1:6171"]))
+    assert fleet.main_program is main and "c_allreduce_sum" in [op.type for op in main.global_block().ops]
+    assert "gen_nccl_id" in [op.type for op in startup.global_block().ops]
+    assert fleet.worker_num() == 2 and not fleet.is_server()
+    with pytest.raises(FleetError, match="a collective job has no servers"):
+        fleet.run_server()
+
+
+def test_misuse_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    fleet = ParameterServerFleet()
+    with pytest.raises(FleetError, match=r"fleet.init\(role_maker\) has not been called"):
+        fleet.is_server()
+    fleet.init(UserDefinedRoleMaker(worker_num=1))
+    with pytest.raises(FleetError, match="the Fleet has no programs yet"):
+        fleet.save_persistables(None, "x")
+    with pytest.raises(FleetError, match="strategy must be a DistributedStrategy or a DistributeTranspilerConfig"):
+        fleet.distributed_optimizer(fluid.optimizer.SGD(0.1), strategy="sync")
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:6170,127.0.0.1:6171")
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "0")
+    with pytest.raises(FleetError, match=r"a collective job\), but this is the parameter-server Fleet\n"
+                                         r"  hint: use 'from flotilla.fleet.collective import fleet'"):
+        ParameterServerFleet().init(PaddleCloudRoleMaker())
+    monkeypatch.delenv("PADDLE_TRAINER_ENDPOINTS")
+    monkeypatch.setenv("PADDLE_PSERVERS_IP_PORT_LIST", ",".join(SERVERS))
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    with pytest.raises(FleetError, match="parameter-server job.*but this is the collective Fleet"):
+        CollectiveFleet().init(PaddleCloudRoleMaker(is_collective=True))

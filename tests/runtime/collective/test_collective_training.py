@@ -1,0 +1,176 @@
+"""nccl2/collective training on real processes over 127.0.0.1 (gloo on CPU): numerics equal to one
+process on the union of the batches, the same with several devices in one process, local SGD, and
+failures (a trainer that dies, a trainer that never comes) that end in bounded time naming the rank."""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+from tests.runtime.collective import worker
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+RTOL, ATOL = 1e-5, 1e-6
+WAIT_S = 120
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "TRAINING_ROLE", "XLA_FLAGS"))}
+    e.update({"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", "FLAGS_collective_timeout_s": "60",
+              "FLAGS_collective_heartbeat_s": "10", **extra})
+    return e
+
+
+class Procs:
+    """Processes this test started; every one is killed (by pid) at the end."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], **extra: str) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-m", "tests.runtime.collective.worker", *args], cwd=REPO,
+                             env=env(**extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.procs.append(p)
+        return p
+
+    def wait(self, p: subprocess.Popen, timeout: float = WAIT_S) -> tuple[int, str]:
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    ps = Procs()
+    try:
+        yield ps
+    finally:
+        ps.kill_all()
+
+
+def trainers(procs: Procs, out: pathlib.Path, n: int = 2, configs: str | None = None,
+             **kw: str) -> list[tuple[int, str]]:
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in free_ports(n))
+    extra = ["--configs", configs] if configs else []
+    started = [procs.start(["--rank", str(r), "--endpoints", endpoints, "--out", str(out), *extra], **kw)
+               for r in range(n)]
+    return [procs.wait(p) for p in started]
+
+
+def load(path: pathlib.Path) -> dict[str, np.ndarray]:
+    with np.load(path) as f:
+        return {k: f[k] for k in f.files}
+
+
+@pytest.fixture(scope="module")
+def two_trainers(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """One 2-process job training every configuration (one group for all of them)."""
+    out = tmp_path_factory.mktemp("collective")
+    ps = Procs()
+    try:
+        results = trainers(ps, out)
+    finally:
+        ps.kill_all()
+    for code, text in results:
+        assert code == 0, text
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["momentum_fused", "adam_unfused", "sgd_allreduce", "sparse_embedding_sgd"])
+def test_two_processes_equal_one_process_on_the_union(two_trainers: pathlib.Path, config: str) -> None:
+    opt, _ = worker.CONFIGS[config]
+    rank0, rank1 = (load(two_trainers / f"{config}.rank{r}.npz") for r in (0, 1))
+    reference = worker.train_single(opt, seed=100)  # trainer 0's initial values, the whole batches
+    for name, value in reference.items():
+        np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=f"{config}: {name} differs between ranks")
+        np.testing.assert_allclose(rank0[name], value, rtol=RTOL, atol=ATOL, err_msg=f"{config}: {name}")
+    # the ranks started from different seeds: without the broadcast they could not agree
+    assert not np.allclose(worker.train_single(opt, seed=101)["w0"], reference["w0"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("local,allreduce", [("sgd_local_sgd_k1", "sgd_allreduce")])
+def test_local_sgd_k1_equals_grad_allreduce(two_trainers: pathlib.Path, local: str, allreduce: str) -> None:
+    a, b = load(two_trainers / f"{local}.rank0.npz"), load(two_trainers / f"{allreduce}.rank0.npz")
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@pytest.mark.slow
+def test_local_sgd_momentum_k1_and_k2_keep_ranks_equal(two_trainers: pathlib.Path) -> None:
+    # Momentum's velocity is linear in the gradients: averaging parameters every step equals averaging
+    # gradients. With k=2 and 5 steps the last step is local, so the ranks differ, as they should.
+    a = load(two_trainers / "momentum_local_sgd_k1.rank0.npz")
+    ref = worker.train_single("momentum", seed=100)
+    for name in a:
+        np.testing.assert_allclose(a[name], ref[name], rtol=RTOL, atol=ATOL, err_msg=name)
+    k2 = [load(two_trainers / f"sgd_local_sgd_k2.rank{r}.npz") for r in (0, 1)]
+    assert not np.allclose(k2[0]["w0"], k2[1]["w0"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["momentum_fused", "adam_unfused"])
+def test_two_devices_in_one_process(tmp_path: pathlib.Path, procs: Procs, config: str) -> None:
+    p = procs.start(["--devices", "--configs", config, "--out", str(tmp_path)],
+                    XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    code, text = procs.wait(p)
+    assert code == 0, text
+    got = load(tmp_path / f"{config}.devices.npz")
+    assert got.pop("losses").shape == (2,)  # one loss a device, as Fluid's ParallelExecutor fetches
+    ref = worker.train_single(worker.CONFIGS[config][0], seed=100)
+    for name, value in ref.items():
+        np.testing.assert_allclose(got[name], value, rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_trainer_that_dies_fails_the_other_naming_it(tmp_path: pathlib.Path, procs: Procs) -> None:
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    start = time.monotonic()
+    p0 = procs.start(["--rank", "0", "--endpoints", endpoints, "--out", str(tmp_path), "--configs", "sgd_allreduce"])
+    p1 = procs.start(["--rank", "1", "--endpoints", endpoints, "--out", str(tmp_path), "--configs", "sgd_allreduce",
+                      "--die-at-step", "2"])
+    code1, _ = procs.wait(p1)
+    code0, text0 = procs.wait(p0, timeout=60)
+    assert code1 == 3
+    assert code0 != 0
+    assert "trainer(s) [1] left the group" in text0, text0[-3000:]
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.slow
+def test_a_trainer_that_never_comes_is_named(tmp_path: pathlib.Path, procs: Procs) -> None:
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in free_ports(3))
+    p0 = procs.start(["--rank", "0", "--endpoints", endpoints, "--out", str(tmp_path), "--configs", "sgd_allreduce"],
+                     FLAGS_collective_timeout_s="4")
+    p1 = procs.start(["--rank", "1", "--endpoints", endpoints, "--out", str(tmp_path), "--configs", "sgd_allreduce"],
+                     FLAGS_collective_timeout_s="4")
+    (code0, text0), (code1, text1) = procs.wait(p0, 60), procs.wait(p1, 60)
+    assert code0 != 0 and code1 != 0
+    missing = endpoints.split(",")[2]
+    for text in (text0, text1):
+        assert f"trainer(s) [2] ({missing}) did not join the group" in text, text[-2000:]

@@ -1,0 +1,127 @@
+"""A collective trainer for the tests: ``python -m tests.runtime.collective.worker --out DIR [...]``.
+
+Joins the group from its role (``--rank``/``--endpoints``, or Paddle's environment as ``flotilla launch``
+sets it), then trains each configuration of ``CONFIGS`` named by ``--configs`` for ``STEPS`` steps on its
+shard (rows ``rank::nranks``) of every batch, one group for all of them, and saves each configuration's
+parameters to ``DIR/<config>.rank<r>.npz``. ``--die-at-step K`` makes it exit abruptly (status 3) before
+step K of the first configuration, as a crashed trainer would. ``--devices`` (with
+``XLA_FLAGS=--xla_force_host_platform_device_count=N``, one process) trains through
+``CompiledProgram.with_data_parallel`` instead.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+import runtime
+from ir import layers, optimizer
+from ir.core import Parameter, Program, program_guard
+from ir.names import unique_name
+from ir.param_attr import ParamAttr
+from transpiler import CompiledProgram, DistributeTranspiler, DistributeTranspilerConfig
+
+STEPS = 5
+ROWS = 8  # rows a step, split over the ranks
+# name: (optimizer, transpiler config fields)
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "momentum_fused": ("momentum", {}),
+    "adam_unfused": ("adam", {"fuse_grad_size_in_MB": 0}),
+    "sgd_allreduce": ("sgd", {}),
+    "sgd_local_sgd_k1": ("sgd", {"mode": "collective", "collective_mode": "local_sgd", "local_sgd_steps": 1}),
+    "momentum_local_sgd_k1": ("momentum", {"mode": "collective", "collective_mode": "local_sgd"}),
+    "sgd_local_sgd_k2": ("sgd", {"mode": "collective", "collective_mode": "local_sgd", "local_sgd_steps": 2}),
+    "sparse_embedding_sgd": ("sparse_sgd", {}),
+}
+
+
+def build(opt: str, seed: int) -> tuple[Program, Program, Any]:
+    main, startup = Program(), Program()
+    main.random_seed = startup.random_seed = seed
+    with unique_name.guard(), program_guard(main, startup):
+        x = layers.data(name="x", shape=[6], dtype="float32")
+        y = layers.data(name="y", shape=[1], dtype="float32")
+        if opt == "sparse_sgd":  # a sparse (selected-rows) embedding gradient: gathered, not densified
+            ids = layers.cast(layers.scale(layers.abs(x), scale=3.0), "int64")
+            emb = layers.embedding(ids, size=[20, 2], is_sparse=True, param_attr=ParamAttr(name="emb"))
+            x = layers.concat([x, layers.reshape(emb, [-1, 12])], axis=1)
+            opt = "sgd"
+        h = layers.fc(input=x, size=12, act="relu", param_attr=ParamAttr(name="w0"), bias_attr=ParamAttr(name="b0"))
+        pred = layers.fc(input=h, size=1, param_attr=ParamAttr(name="w1"), bias_attr=ParamAttr(name="b1"))
+        loss = layers.mean(layers.square_error_cost(input=pred, label=y))
+        {"sgd": lambda: optimizer.SGD(0.1), "momentum": lambda: optimizer.Momentum(0.1, 0.9),
+         "adam": lambda: optimizer.Adam(0.05)}[opt]().minimize(loss)
+    return main, startup, loss
+
+
+def batches(steps: int = STEPS) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(2019)
+    return [(rng.normal(size=(ROWS, 6)).astype("float32"), rng.normal(size=(ROWS, 1)).astype("float32"))
+            for _ in range(steps)]
+
+
+def params_of(main: Program, scope: runtime.Scope) -> dict[str, np.ndarray]:
+    return {n: np.asarray(scope.find_var(n)) for n, v in main.global_block().vars.items() if isinstance(v, Parameter)}
+
+
+def train_single(opt: str, seed: int, steps: int = STEPS) -> dict[str, np.ndarray]:
+    """One process, one device, whole batches: the reference."""
+    main, startup, loss = build(opt, seed)
+    exe, scope = runtime.Executor(), runtime.Scope()
+    exe.run(startup, scope=scope)
+    for x, y in batches(steps):
+        exe.run(main, feed={"x": x, "y": y}, fetch_list=[loss], scope=scope)
+    return params_of(main, scope)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rank", type=int, default=None)
+    ap.add_argument("--endpoints", default=None)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--die-at-step", type=int, default=None)
+    ap.add_argument("--die-rank", type=int, default=None, help="only this rank dies (default: every rank given)")
+    ap.add_argument("--devices", action="store_true")
+    args = ap.parse_args(argv)
+    if args.devices:
+        for name in args.configs.split(","):
+            opt, _ = CONFIGS[name]
+            main_p, startup, loss = build(opt, seed=100)
+            exe, scope = runtime.Executor(), runtime.Scope()
+            exe.run(startup, scope=scope)
+            compiled = CompiledProgram(main_p).with_data_parallel(loss_name=loss.name)
+            for x, y in batches():
+                losses, = exe.run(compiled, feed={"x": x, "y": y}, fetch_list=[loss], scope=scope)
+            np.savez(os.path.join(args.out, f"{name}.devices.npz"), losses=losses, **params_of(main_p, scope))
+        return 0
+    if args.rank is None:
+        role = runtime.role_from_env()
+        rank, endpoints = role.trainer_id, ",".join(role.trainer_endpoints)
+    else:
+        rank, endpoints = args.rank, args.endpoints
+    nranks = len(endpoints.split(","))
+    for i, name in enumerate(args.configs.split(",")):
+        opt, fields = CONFIGS[name]
+        main_p, startup, loss = build(opt, seed=100 + rank)  # every rank its own seed: broadcast must fix it
+        config = DistributeTranspilerConfig(**{"mode": "nccl2", **fields})
+        t = DistributeTranspiler(config)
+        t.transpile(rank, program=main_p, startup_program=startup, trainers=endpoints)
+        exe, scope = runtime.Executor(), runtime.Scope()
+        exe.run(t.get_trainer_startup_program(), scope=scope)
+        trainer = t.get_trainer_program()
+        for step, (x, y) in enumerate(batches()):
+            if i == 0 and args.die_at_step == step and args.die_rank in (None, rank):
+                print(f"trainer {rank}: dying before step {step}", flush=True)
+                os._exit(3)
+            exe.run(trainer, feed={"x": x[rank::nranks], "y": y[rank::nranks]}, fetch_list=[loss], scope=scope)
+        np.savez(os.path.join(args.out, f"{name}.rank{rank}.npz"), **params_of(main_p, scope))
+        print(f"trainer {rank}: {name} done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""DistributeTranspiler in nccl2 / collective mode: Paddle 1.5's nccl2 case, goldens, purity, validation."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ir import layers, optimizer, clip
+from ir.core import Program, program_guard
+from ir.names import unique_name
+from ir.param_attr import ParamAttr
+from ir.roles import OpRole
+from tests.transpiler.test_distribute_transpiler import build_fc, op_types
+from tests.transpiler.test_transpiler_inputs import expect_error
+from transpiler import DistributeTranspiler, DistributeTranspilerConfig
+
+TRAINERS = "127.0.0.1:6170,127.0.0.1:6171"
+
+
+def build_mlp(opt: str = "momentum", depth: int = 2, clip_norm: bool = False, sparse: bool = False) -> tuple[Program, Program]:
+    """x[16] → depth × fc(8, relu) → fc(1) → mean square error (optionally a sparse embedding input)."""
+    main, startup = Program(), Program()
+    with unique_name.guard(), program_guard(main, startup):
+        x = layers.data(name="x", shape=[16], dtype="float32")
+        h = x
+        if sparse:
+            ids = layers.data(name="ids", shape=[1], dtype="int64")
+            emb = layers.embedding(ids, size=[100, 4], is_sparse=True, param_attr=ParamAttr(name="emb"))
+            h = layers.concat([h, emb], axis=1)
+        for i in range(depth):
+            h = layers.fc(input=h, size=8, act="relu", param_attr=ParamAttr(name=f"w{i}"),
+                          bias_attr=ParamAttr(name=f"b{i}"))
+        pred = layers.fc(input=h, size=1, param_attr=ParamAttr(name="w_out"), bias_attr=ParamAttr(name="b_out"))
+        y = layers.data(name="y", shape=[1], dtype="float32")
+        loss = layers.mean(layers.square_error_cost(input=pred, label=y))
+        if clip_norm:
+            clip.set_gradient_clip(clip.GradientClipByGlobalNorm(1.0), program=main)
+        {"sgd": lambda: optimizer.SGD(0.1), "momentum": lambda: optimizer.Momentum(0.1, 0.9),
+         "adam": lambda: optimizer.Adam(0.01)}[opt]().minimize(loss)
+    return main, startup
+
+
+def collective(main: Program, startup: Program, trainer_id: int = 0, trainers: Any = TRAINERS, **cfg: Any) -> DistributeTranspiler:
+    config = DistributeTranspilerConfig(mode=cfg.pop("mode", "nccl2"), **cfg)
+    t = DistributeTranspiler(config)
+    t.transpile(trainer_id, program=main, startup_program=startup, trainers=trainers)
+    return t
+
+
+def test_paddle_nccl2_case_gen_nccl_id_in_startup() -> None:
+    # Paddle 1.5 test_dist_transpiler TestNCCL2Transpile: gen_nccl_id with its NCCLID variable.
+    startup = collective(*build_fc()).get_trainer_startup_program()
+    block = startup.global_block()
+    assert block.has_var("NCCLID") and block.var("NCCLID").type == "raw"
+    gen = [op for op in block.ops if op.type == "gen_nccl_id"]
+    assert len(gen) == 1 and block.ops[0] is gen[0]
+    assert gen[0].attr("endpoint") == "127.0.0.1:6170"
+    assert gen[0].attr("other_endpoints") == ["127.0.0.1:6171"]
+    assert gen[0].attr("trainer_id") == 0
+
+
+@pytest.mark.parametrize("case,cfg", [("mlp_nccl2_unfused", {"fuse_grad_size_in_MB": 0}),
+                                      ("mlp_nccl2_fused", {}),
+                                      ("mlp_local_sgd_k4", {"mode": "collective", "collective_mode": "local_sgd",
+                                                            "local_sgd_steps": 4})])
+def test_golden(case: str, cfg: dict[str, Any], golden: Any) -> None:
+    t = collective(*build_mlp(), trainer_id=1, **dict(cfg))
+    golden.check(f"{case}.txt", t.program_set.to_string())
+
+
+def _allreduced_before_update(main: Program) -> None:
+    """Every trained gradient is allreduced once, after its last backward writer and before any
+    optimize-role reader."""
+    ops = main.global_block().ops
+    reduced: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        if op.type == "c_allreduce_sum":
+            for g in op.input("X"):
+                assert g not in reduced, f"{g} reduced twice"
+                reduced[g] = i
+    optimize = [(i, op) for i, op in enumerate(ops) if op.role & OpRole.OPTIMIZE]
+    first: dict[str, str] = {}  # a parameter's gradient is the one its first optimize-role op names
+    for _, op in optimize:
+        for k in range(0, len(op.role_var), 2):
+            first.setdefault(op.role_var[k], op.role_var[k + 1])
+    grads = set(first.values())
+    assert grads and grads <= set(reduced), grads - set(reduced)
+    for g, at in reduced.items():
+        assert all(at < i for i, op in optimize if g in op.input_arg_names), g
+        assert all(g not in op.output_arg_names for op in ops[at + 1:] if not op.role & OpRole.OPTIMIZE
+                   and op.type != "scale"), f"{g} written after its allreduce"
+
+
+@pytest.mark.parametrize("fuse", [0, 0.0001, 32])
+@pytest.mark.parametrize("opt", ["sgd", "momentum", "adam"])
+def test_every_gradient_reduced_before_its_update(fuse: float, opt: str) -> None:
+    main = collective(*build_mlp(opt=opt, depth=4), fuse_grad_size_in_MB=fuse).get_trainer_program()
+    _allreduced_before_update(main)
+    n_buckets = op_types(main).count("c_allreduce_sum")
+    if fuse == 0:
+        assert n_buckets == 10  # one a gradient
+    elif fuse == 32:
+        assert n_buckets == 1  # the whole model fits one bucket
+    else:
+        assert 1 < n_buckets < 10  # 104-byte buckets: the small biases share, the weights do not
+
+
+def test_global_norm_clip_sees_the_reduced_gradient() -> None:
+    main = collective(*build_mlp(clip_norm=True)).get_trainer_program()
+    _allreduced_before_update(main)
+    types = op_types(main)
+    assert types.index("c_allreduce_sum") < min(i for i, op in enumerate(main.global_block().ops)
+                                                if op.role & OpRole.OPTIMIZE)
+
+
+def test_sparse_gradient_gets_its_own_collective() -> None:
+    main = collective(*build_mlp(sparse=True)).get_trainer_program()
+    ars = [op for op in main.global_block().ops if op.type == "c_allreduce_sum"]
+    sparse = [op for op in ars if op.input("X") == ["emb@GRAD"]]
+    assert len(sparse) == 1 and len(ars) == 2
+    _allreduced_before_update(main)
+
+
+def test_scale_is_one_over_nranks() -> None:
+    eps = ",".join(f"127.0.0.1:{6170 + i}" for i in range(4))
+    main = collective(*build_mlp(), trainers=eps, trainer_id=3).get_trainer_program()
+    scales = [op.attr("scale") for op in main.global_block().ops if op.type == "scale" and op.role == OpRole.BACKWARD]
+    assert scales and all(s == 0.25 for s in scales)
+
+
+def test_inputs_untouched_and_output_deterministic() -> None:
+    main, startup = build_mlp()
+    before = (main.to_string(), startup.to_string())
+    a = collective(main, startup).program_set.to_string()
+    b = collective(main, startup).program_set.to_string()
+    assert a == b
+    assert (main.to_string(), startup.to_string()) == before
+
+
+def test_startup_broadcasts_every_parameter_from_rank0() -> None:
+    startup = collective(*build_mlp()).get_trainer_startup_program()
+    bcast = [op.input("X")[0] for op in startup.global_block().ops if op.type == "c_broadcast"]
+    assert bcast == ["w0", "b0", "w1", "b1", "w_out", "b_out"] or sorted(bcast) == sorted(
+        ["w0", "b0", "w1", "b1", "w_out", "b_out"])
+    assert all(op.attr("root") == 0 for op in startup.global_block().ops if op.type == "c_broadcast")
+
+
+def test_errors() -> None:
+    main, startup = build_mlp()
+    expect_error(lambda: collective(main, startup, trainers=2), "E702", "needs every trainer's endpoint")
+    expect_error(lambda: collective(main, startup, trainer_id=2), "E703", "out of range")
+    t = DistributeTranspiler(DistributeTranspilerConfig(mode="nccl2"))
+    expect_error(lambda: t.transpile(0, program=main, startup_program=startup, trainers=TRAINERS,
+                                     current_endpoint="127.0.0.1:6171"), "E703", "is not entry 0")
+    expect_error(lambda: collective(main, startup, trainers="127.0.0.1:6170,127.0.0.1:6170"), "E701", "more than once")
+    expect_error(lambda: DistributeTranspiler(DistributeTranspilerConfig(mode="ring")), "E711", "not a transpiler mode")
+    expect_error(lambda: DistributeTranspiler(DistributeTranspilerConfig(mode="nccl2", collective_mode="boxps")),
+                 "E711", "collective_mode")
+    expect_error(lambda: DistributeTranspiler(DistributeTranspilerConfig(mode="nccl2", fuse_grad_size_in_MB=-1)),
+                 "E711", "fuse_grad_size_in_MB")
+    expect_error(lambda: DistributeTranspiler(DistributeTranspilerConfig(collective_mode="local_sgd")),
+                 "E711", "needs mode 'nccl2' or 'collective'")
+    t = collective(main, startup)
+    expect_error(lambda: t.get_pserver_program("127.0.0.1:6170"), "E714", "no parameter servers")
+    empty_main, empty_startup = Program(), Program()
+    with program_guard(empty_main, empty_startup):
+        layers.data(name="x", shape=[1], dtype="float32")
+    expect_error(lambda: collective(empty_main, empty_startup, mode="collective", collective_mode="local_sgd"),
+                 "E622", "optimizer ops")

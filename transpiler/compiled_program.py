@@ -1,0 +1,182 @@
+"""Fluid's data-parallel executors: ``CompiledProgram(...).with_data_parallel(...)`` and
+``ParallelExecutor``, over every device of this process (and of every trainer process in an nccl2 job).
+
+``CompiledProgram(main).with_data_parallel(loss_name=...)`` marks a program for data-parallel runs: an
+``Executor`` given it splits each fed batch over the devices (``XLA_FLAGS=--xla_force_host_platform_
+device_count=N`` on CPU, every visible GPU with ``CUDAPlace``), keeps one copy of the parameters a device,
+and averages the gradients with the ``grad_allreduce`` pass (one allreduce a bucket, inside the
+compiled step) before the optimizer. A program already transpiled in nccl2 mode is run as it is, one
+device a trainer process. Fetched values are concatenated over this process's devices along dim 0 (a
+loss of shape [1] comes back with one entry a device), as in Fluid; parameters come back once.
+
+Invariants: the user's program is never modified (the rewrite works on a clone, cached per group size);
+nothing here imports the runtime at module level (``ParallelExecutor`` does, when created).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ir.core import Program, default_main_program
+from ir.program_set import ProgramSet
+
+from passes.collective_plan import CollectivePlan
+from passes.grad_allreduce import GradAllReduce
+from passes.pass_base import PassContext, PassManager
+from passes.dist_plan import DistPlan
+from passes.trainer_send_recv import trainer_role
+from transpiler.config import TranspilerError
+
+_COLLECTIVE_OPS = ("c_allreduce_sum", "c_local_sgd")
+
+
+@dataclass
+class BuildStrategy:
+    """Fluid's build options that matter here: ``fuse_all_reduce_ops`` (buckets of
+    ``fuse_grad_size_in_MB``); the others are accepted for compatibility and have no effect (XLA fuses)."""
+
+    fuse_all_reduce_ops: bool = True
+    fuse_grad_size_in_MB: float = 32.0
+    reduce_strategy: Any = None
+    gradient_scale_strategy: Any = None
+    enable_inplace: bool = True
+    memory_optimize: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExecutionStrategy:
+    """Accepted for Fluid compatibility (thread counts mean nothing to XLA)."""
+
+    num_threads: int = 0
+    num_iteration_per_drop_scope: int = 1
+    allow_op_delay: bool = False
+
+
+def is_collective_program(program: Program) -> bool:
+    """Whether ``program`` already reduces its gradients (transpiled in nccl2/collective mode)."""
+    return any(op.type in _COLLECTIVE_OPS for b in program.blocks for op in b.ops)
+
+
+def data_parallel_program(program: Program, nranks: int, fuse_grad_size_mb: float = 32.0) -> Program:
+    """A clone of ``program`` whose gradients are averaged over ``nranks`` devices (``grad_allreduce``)."""
+    plan = CollectivePlan(trainer_id=0, endpoints=tuple(f"device:{i}" for i in range(nranks)),
+                          fuse_grad_size_mb=fuse_grad_size_mb)
+    programs = ProgramSet()
+    programs.add(trainer_role(0), program.clone(), Program())
+    ctx = PassContext(origin_main=program, origin_startup=Program(),
+                      plan=DistPlan(trainer_id=0, trainers=nranks, sync_mode=True, pservers=()), collective=plan)
+    PassManager([GradAllReduce()]).run(programs, ctx)
+    return programs[trainer_role(0)].main
+
+
+class CompiledProgram:
+    """``CompiledProgram(program)``; ``.with_data_parallel(...)`` makes Executor runs data parallel."""
+
+    def __init__(self, program_or_graph: Program, build_strategy: BuildStrategy | None = None) -> None:
+        if not isinstance(program_or_graph, Program):
+            raise TranspilerError(f"CompiledProgram needs an ir.Program, got {type(program_or_graph).__name__}",
+                                  code="E712")
+        self._program = program_or_graph
+        self._build_strategy = build_strategy or BuildStrategy()
+        self._data_parallel = False
+        self._loss_name: str | None = None
+        self._rewritten: dict[tuple[int, int], Program] = {}
+
+    def with_data_parallel(self, loss_name: str | None = None, build_strategy: BuildStrategy | None = None,
+                           exec_strategy: ExecutionStrategy | None = None, share_vars_from: Any = None,
+                           places: Sequence[Any] | None = None) -> "CompiledProgram":
+        """Run data parallel over every device (``places`` is accepted; the devices are JAX's)."""
+        if loss_name is not None and not isinstance(loss_name, str):
+            loss_name = getattr(loss_name, "name", None)
+            if loss_name is None:
+                raise TranspilerError("loss_name must be a variable name or a Variable", code="E712")
+        if loss_name is not None and self._program.global_block().find_var_recursive(loss_name) is None:
+            raise TranspilerError(f"loss_name {loss_name!r} is not a variable of the program",
+                                  hint="pass the name of the loss variable (loss.name)", code="E712")
+        if build_strategy is not None:
+            self._build_strategy = build_strategy
+        self._data_parallel = True
+        self._loss_name = loss_name
+        return self
+
+    @property
+    def program(self) -> Program:
+        return self._program
+
+    def program_for(self, nranks: int) -> Program:
+        """The program a mesh of ``nranks`` devices runs (the input itself when already collective)."""
+        if is_collective_program(self._program):
+            return self._program
+        key = (nranks, self._program.version)
+        cached = self._rewritten.get(key)
+        if cached is None:
+            bs = self._build_strategy
+            cached = data_parallel_program(self._program, nranks,
+                                           bs.fuse_grad_size_in_MB if bs.fuse_all_reduce_ops else 0.0)
+            self._rewritten = {key: cached}  # older versions of the program are dead
+        return cached
+
+    def _flotilla_data_parallel(self) -> tuple[Program, Any]:
+        """For ``runtime.Executor``: the program to run and a callable giving its mesh (None: one device)."""
+        if not self._data_parallel:
+            return self._program, None
+        from runtime import collective
+
+        mesh = collective.process_mesh() if is_collective_program(self._program) else collective.device_mesh()
+        return self.program_for(mesh.nranks), mesh
+
+
+class ParallelExecutor:
+    """Fluid 1.5's ``ParallelExecutor``: an Executor over a data-parallel ``CompiledProgram``.
+
+    With ``num_trainers > 1`` the program must come from an nccl2 transpile and the trainer startup
+    program must have run (it joins the group); each process then drives one device."""
+
+    def __init__(self, use_cuda: bool, loss_name: str | None = None, main_program: Program | None = None,
+                 share_vars_from: Any = None, exec_strategy: ExecutionStrategy | None = None,
+                 build_strategy: BuildStrategy | None = None, num_trainers: int = 1, trainer_id: int = 0,
+                 scope: Any = None) -> None:
+        import runtime
+        from runtime import collective
+
+        if isinstance(num_trainers, bool) or not isinstance(num_trainers, int) or num_trainers < 1:
+            raise TranspilerError(f"num_trainers must be an int >= 1, got {num_trainers!r}", code="E702")
+        if isinstance(trainer_id, bool) or not isinstance(trainer_id, int) or not 0 <= trainer_id < num_trainers:
+            raise TranspilerError(f"trainer_id {trainer_id!r} is out of range for {num_trainers} trainer(s)",
+                                  code="E703")
+        program = main_program if main_program is not None else default_main_program()
+        if num_trainers > 1:
+            group = collective.current_group()
+            if group is None or group.nranks != num_trainers or group.trainer_id != trainer_id:
+                raise TranspilerError(
+                    f"ParallelExecutor(num_trainers={num_trainers}, trainer_id={trainer_id}) needs this process to "
+                    "have joined that trainer group" + (f"; it is trainer {group.trainer_id} of {group.nranks}"
+                                                        if group else ""),
+                    hint="transpile with config.mode='nccl2' and run get_trainer_startup_program() first",
+                    code="E703")
+        self._exe = runtime.Executor(runtime.CUDAPlace(0) if use_cuda else runtime.CPUPlace())
+        self._compiled = CompiledProgram(program, build_strategy).with_data_parallel(loss_name, build_strategy,
+                                                                                     exec_strategy)
+        self._scope = scope
+
+    @property
+    def device_count(self) -> int:
+        from runtime import collective
+
+        return collective.device_mesh().nranks
+
+    def run(self, fetch_list: Sequence[Any], feed: Mapping[str, Any] | None = None,
+            feed_dict: Mapping[str, Any] | None = None, return_numpy: bool = True) -> list[Any]:
+        """Fluid's signature: fetches first; ``feed_dict`` is the old name of ``feed``."""
+        if feed is not None and feed_dict is not None:
+            raise TranspilerError("give feed or feed_dict, not both", code="E712")
+        return self._exe.run(self._compiled, feed=feed if feed is not None else feed_dict, fetch_list=fetch_list,
+                             scope=self._scope, return_numpy=return_numpy)
+
+    def close(self) -> None:
+        self._exe.close()
+
+
+__all__ = ["BuildStrategy", "CompiledProgram", "ExecutionStrategy", "ParallelExecutor", "data_parallel_program",
+           "is_collective_program"]
