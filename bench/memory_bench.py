@@ -50,14 +50,17 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("plain", "level0", "level1", "release", "level0+release")
+VARIANTS = ("plain", "level0", "level1", "release", "level0+release", "recompute", "recompute+release")
 MIB = 1024.0 * 1024.0
 INTERPRETED_STEPS = 3  # timed op-by-op steps (at most --steps)
 
 
-def build(model: str, layers: int, width: int) -> tuple[Any, Any, Any]:
-    """(main, startup, loss) of the benchmark's model."""
+def build(model: str, layers: int, width: int, recompute: bool = False) -> tuple[Any, Any, Any]:
+    """(main, startup, loss) of the benchmark's model; ``recompute``: ``RecomputeOptimizer`` with a checkpoint
+    every ~sqrt(layers) layers (the MLP only)."""
     if model == "transformer":
+        if recompute:
+            raise SystemExit("the recompute variant is measured on the MLP (--model mlp)")
         from examples.transformer import data as tdata
         from examples.transformer import model as tmodel
 
@@ -75,16 +78,23 @@ def build(model: str, layers: int, width: int) -> tuple[Any, Any, Any]:
 
     main, startup = Program(), Program()
     scale = (6.0 / (2 * width)) ** 0.5
+    every = max(1, round(layers ** 0.5))
+    checkpoints = []
     with unique_name.guard(), program_guard(main, startup):
         h = L.data("x", [width])
         for i in range(layers):
             w = ParamAttr(name=f"w{i}", initializer=Uniform(-scale, scale, seed=i + 1))
             h = L.fc(h, width, act="relu", param_attr=w, bias_attr=ParamAttr(name=f"b{i}"))
+            if i % every == 0:
+                checkpoints.append(h)
         pred = L.fc(h, 1, param_attr=ParamAttr(name="wo", initializer=Uniform(-scale, scale, seed=999)),
                     bias_attr=ParamAttr(name="bo"))
         y = L.data("y", [1])
         loss = L.mean(L.square_error_cost(pred, y))
-        optimizer.Adam(1e-4).minimize(loss)
+        if recompute:
+            optimizer.RecomputeOptimizer(optimizer.Adam(1e-4), checkpoints=checkpoints).minimize(loss)
+        else:
+            optimizer.Adam(1e-4).minimize(loss)
     return main, startup, loss
 
 
@@ -199,7 +209,7 @@ def compiled_memory(exe: Any, main: Any, scope: Any, feed: dict[str, np.ndarray]
 def run_variant(variant: str, model: str, layers: int, width: int, batch: int, steps: int) -> dict[str, Any]:
     import runtime
 
-    main, startup, loss = build(model, layers, width)
+    main, startup, loss = build(model, layers, width, recompute=variant.startswith("recompute"))
     estimate = rewrite(main, variant, batch)
     data = batches(model, width, batch, steps + 1)
     scope, exe = runtime.Scope(), runtime.Executor()
@@ -253,7 +263,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(json.dumps(run_variant(args.variant, args.model, args.layers, args.width, args.batch, args.steps)))
         return []
     rows = []
-    for variant in VARIANTS:
+    for variant in VARIANTS if args.model == "mlp" else [v for v in VARIANTS if not v.startswith("recompute")]:
         cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--variant", variant, "--model", args.model,
                "--layers", str(args.layers), "--width", str(args.width), "--batch", str(args.batch),
                "--steps", str(args.steps)]
@@ -264,13 +274,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     plain = rows[0]
     for row in rows[1:]:
+        if row["variant"].startswith("recompute"):  # the same math, another order of XLA's choosing: rtol 1e-6
+            if not np.allclose(row["losses"], plain["losses"], rtol=1e-6, atol=0):
+                raise SystemExit(f"{row['variant']}: losses differ from plain: {row['losses']} vs {plain['losses']}")
+            continue
         if row["losses"] != plain["losses"] or row["interp_losses"] != plain["interp_losses"]:
             raise SystemExit(f"variant {row['variant']}: losses differ from plain: {row['losses']} vs "
                              f"{plain['losses']}")
     what = (f"deep MLP: {args.layers} x fc {args.width} (relu)" if args.model == "mlp" else
             f"Transformer example: {args.layers} encoder layers, d_model {args.width}, 4 heads, "
             f"d_ff {4 * args.width}, dropout 0")
-    print(f"{what}, batch {args.batch}, Adam; {args.steps} timed steps; losses identical across variants")
+    print(f"{what}, batch {args.batch}, Adam; {args.steps} timed steps; losses identical across variants "
+          "(recompute: within rtol 1e-6)")
     head = ("variant", "estimate MiB", "held MiB", "xla temp MiB", "xla peak MiB", "same HLO", "rss MiB",
             "compiled ms", "ratio", "interp ms", "ratio")
     body = [(r["variant"], f"{r['estimate'] / MIB:.1f}", f"{r['held'] / MIB:.1f}", f"{r['xla_temp'] / MIB:.1f}",

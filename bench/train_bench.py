@@ -3,7 +3,9 @@ model, and against op-by-op eager execution of the same program, measured in the
 
 Models: the MLP example (``examples/mlp``: 32 → 128 → 64 → 10, softmax cross entropy) and the CTR
 example (``examples/ctr``: wide and deep, 26 slots into one [hash_dim, 16] sparse table, fc 400-400-400,
-AUC statistics), both trained with SGD at batch 512 on CPU.
+AUC statistics), both trained with SGD at batch 512 on CPU; and ``captured_mlp``, the plain-JAX MLP of
+``examples/jax_capture`` captured as a Program by ``runtime.capture`` (its jax.jit step is the same
+``loss_fn`` under ``jax.value_and_grad``; the issue's target for it is executor / jax.jit <= 1.1).
 
 The three ways run one model from the same initial parameters (the startup program's values, copied)
 over the same batches:
@@ -206,6 +208,25 @@ def ctr_case(hash_dim: int = 100_003, lr: float = 0.05) -> Case:
 
 
 # --- timing ---------------------------------------------------------------------------------------------
+def captured_mlp_case(lr: float = 0.1) -> Case:
+    """The plain-JAX MLP of ``examples/jax_capture`` (32 → 128 relu → 10, squared error) captured by
+    ``runtime.capture`` (SGD), against the same ``loss_fn`` under ``jax.value_and_grad`` + SGD, jitted."""
+    from examples.jax_capture import models as jc
+    from ir import optimizer
+    from runtime.capture import capture
+
+    params = jc.mlp_init(0, d_in=32, hidden=128, d_out=10)
+    batches = jc.mlp_batches(1, NUM_BATCHES, rows=BATCH_SIZE, d_in=32, d_out=10)
+    main, startup, loss = capture(jc.mlp_loss, params, batches[0], optimizer=optimizer.SGD(lr))
+
+    def step(p: dict[str, Any], batch: Batch) -> tuple[dict[str, Any], Any]:
+        value, grads = jax.value_and_grad(jc.mlp_loss)(p, batch)
+        return _sgd(p, grads, lr), value.reshape(1)
+
+    return Case("captured_mlp", main, loss.name, _initial_values(startup, main), batches,
+                jax.jit(step, donate_argnums=(0,)), lambda init: {k: jnp.array(init[k]) for k in params})
+
+
 def _cycle(batches: list[Batch]) -> Iterator[Batch]:
     while True:
         yield from batches
@@ -263,18 +284,19 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps, compared across the three ways")
     ap.add_argument("--hash-dim", type=int, default=100_003)
-    ap.add_argument("--models", nargs="+", choices=("mlp", "ctr"), default=["mlp", "ctr"])
+    ap.add_argument("--models", nargs="+", choices=("mlp", "ctr", "captured_mlp"),
+                    default=["mlp", "ctr", "captured_mlp"])
     args = ap.parse_args(argv)
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, batch {BATCH_SIZE}", flush=True)
     results = {}
     for name in args.models:
-        case = mlp_case() if name == "mlp" else ctr_case(args.hash_dim)
+        case = {"mlp": mlp_case, "captured_mlp": captured_mlp_case}.get(name, lambda: ctr_case(args.hash_dim))()
         results[name] = bench_case(case, args.steps, args.repeats, args.warmup, args.sample_s)
     print()
-    print(f"{'model':<6} {'executor ms':>12} {'jax.jit ms':>11} {'eager ms':>10} {'exec/jit':>9} {'eager/jit':>10}"
+    print(f"{'model':<12} {'executor ms':>12} {'jax.jit ms':>11} {'eager ms':>10} {'exec/jit':>9} {'eager/jit':>10}"
           f" {'exec/eager':>11} {'exec/jit best':>14}")
     for name, r in results.items():
-        print(f"{name:<6} {r['executor']:12.3f} {r['jax.jit']:11.3f} {r['eager']:10.1f} "
+        print(f"{name:<12} {r['executor']:12.3f} {r['jax.jit']:11.3f} {r['eager']:10.1f} "
               f"{r['executor'] / r['jax.jit']:9.2f} {r['eager'] / r['jax.jit']:10.1f} "
               f"{r['executor'] / r['eager']:11.3f} {r['executor best'] / r['jax.jit best']:14.2f}")
     for name, r in results.items():

@@ -31,6 +31,12 @@ def trainer_copy_name(name: str, trainer_id: int) -> str:
     return f"{name}.trainer_{trainer_id}"
 
 
+def recompute_name(name: str) -> str:
+    """A forward value recomputed in the backward pass: ``fc_0.tmp_1`` → ``fc_0.tmp_1@RECOMPUTE``
+    (recorded as ``copy_of``)."""
+    return f"{name}@RECOMPUTE"
+
+
 def dc_asgd_backup_name(param: str, trainer_id: int) -> str:
     """DC-ASGD: the pserver's copy of ``param`` as trainer ``trainer_id`` last fetched it:
     ``fc_w.block0`` → ``fc_w.block0.trainer_1_bak`` (recorded as ``copy_of``/``trainer_id``)."""

@@ -43,7 +43,7 @@ from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 __all__ = [
     "Optimizer", "SGD", "Momentum", "Adagrad", "Adam", "RMSProp", "DecayedAdagrad", "Ftrl",
     "SGDOptimizer", "MomentumOptimizer", "AdagradOptimizer", "AdamOptimizer", "RMSPropOptimizer",
-    "DecayedAdagradOptimizer", "FtrlOptimizer",
+    "DecayedAdagradOptimizer", "FtrlOptimizer", "RecomputeOptimizer",
 ]
 
 ParamsGrads = list[tuple[Parameter, Variable | None]]
@@ -421,3 +421,38 @@ AdamOptimizer = Adam
 RMSPropOptimizer = RMSProp
 DecayedAdagradOptimizer = DecayedAdagrad
 FtrlOptimizer = Ftrl
+
+
+class RecomputeOptimizer:
+    """``RecomputeOptimizer(optimizer, checkpoints=[...])`` (Paddle's later name): ``minimize`` appends the
+    backward, then recomputes the forward segments between the checkpoints inside the backward pass instead
+    of keeping their activations (``ir.recompute.apply_recompute``), then lets ``optimizer`` append its
+    update ops. The gradients are those of plain training; the activations between checkpoints are not
+    kept from the forward to the backward pass."""
+
+    def __init__(self, optimizer: Optimizer, checkpoints: Sequence[Any] | None = None) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise IRError(f"RecomputeOptimizer wraps an Optimizer, got {type(optimizer).__name__}",
+                          hint="e.g. RecomputeOptimizer(optimizer.Adam(1e-3), checkpoints=[...])")
+        self._optimizer = optimizer
+        self._checkpoints: list[Any] = list(checkpoints or [])
+
+    def _set_checkpoints(self, checkpoints: Sequence[Any]) -> None:
+        """Paddle's setter: the activations to keep (the segment boundaries)."""
+        self._checkpoints = list(checkpoints)
+
+    def minimize(self, loss: Variable, startup_program: Program | None = None,
+                 parameter_list: Sequence[Parameter | str] | None = None, no_grad_set: Any = None,
+                 grad_clip: BaseGradientClipAttr | str | None = None) -> tuple[list[Operator], ParamsGrads]:
+        from ir.recompute import apply_recompute
+
+        if not self._checkpoints:
+            raise IRError("RecomputeOptimizer has no checkpoints",
+                          hint="pass checkpoints=[...] (layer outputs) or call _set_checkpoints first")
+        main = default_main_program()
+        params_grads = self._optimizer.backward(loss, startup_program=startup_program,
+                                                parameter_list=parameter_list, no_grad_set=no_grad_set, program=main)
+        apply_recompute(main.global_block(), self._checkpoints)
+        optimize_ops = self._optimizer.apply_gradients(params_grads, grad_clip=grad_clip, program=main,
+                                                       startup_program=startup_program)
+        return optimize_ops, params_grads

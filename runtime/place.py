@@ -11,7 +11,8 @@ from runtime.scope import ExecutionError
 @dataclass(frozen=True)
 class CPUPlace:
     def device(self) -> jax.Device:
-        return jax.devices("cpu")[0]
+        # This process's own CPU: in a multi-process group jax.devices() lists every process's devices.
+        return jax.local_devices(backend="cpu")[0]
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class CUDAPlace:
 
     def device(self) -> jax.Device:
         try:
-            gpus = jax.devices("gpu")
+            gpus = jax.local_devices(backend="gpu")
         except RuntimeError as e:
             raise ExecutionError(f"CUDAPlace({self.device_id}): no GPU backend is available ({e})",
                                  hint="use runtime.CPUPlace(), or install a CUDA build of jaxlib") from None

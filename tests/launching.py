@@ -1,10 +1,11 @@
-"""Run ``python -m runtime.launch`` from a test: bounded in time, the launcher stopped (SIGTERM, then
-SIGKILL) if it overruns, and its exit status and summary line checked."""
+"""Process helpers for the tests: run ``python -m runtime.launch`` bounded in time (the launcher stopped
+with SIGTERM, then SIGKILL, if it overruns; its exit status and summary line checked), and free ports."""
 from __future__ import annotations
 
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 
@@ -42,3 +43,15 @@ def launch(log_dir: pathlib.Path, mode: list[str], script: str, *args: str, proc
         summary = [line for line in out.splitlines() if line.startswith("[launch] summary:")]
         assert len(summary) == 1 and summary[0].count("exit 0") == processes, out[-2000:]
     return out
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports of 127.0.0.1 the OS says are free now (all held while choosing)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -20,7 +20,7 @@ from ir.ops.registry import (
     get_op_def,
     has_op,
 )
-from ir.ops import math, nn, optimizer, rpc, collective, io  # noqa: F401  (registration side effect)
+from ir.ops import math, nn, optimizer, rpc, collective, io, jax_function  # noqa: F401  (registration side effect)
 
 __all__ = [
     "A", "AttrDef", "AttrKind", "BlockRef", "DefaultGrad", "InferContext", "NO_GRAD", "OpDef", "OpSpec", "Slot",

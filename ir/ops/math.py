@@ -356,6 +356,18 @@ defop("assign", inputs=["X"], outputs=["Out"], infer=same_as(), grad=DefaultGrad
       doc="Out = X (a copy; dense or selected rows)")
 
 
+def _infer_barrier(ctx: InferContext) -> None:
+    xs = ctx.inputs("X")
+    if ctx.num_outputs("Out") != len(xs):
+        ctx.fail(f"slot X has {len(xs)} variables but slot Out has {ctx.num_outputs('Out')}; expected one each")
+    ctx.set_output("Out", xs)
+
+
+defop("recompute_barrier", inputs=["X*", "Dep*?"], outputs=["Out*"], infer=_infer_barrier, grad=NO_GRAD,
+      doc="Out[i] = X[i], computed only once every Dep is (XLA optimization barrier): the start of a "
+          "recomputed segment, so the compiler neither merges it with the forward pass nor hoists it")
+
+
 def _infer_increment(ctx: InferContext) -> None:
     x = ctx.input("X")
     if prod(x.shape) not in (-1, 1):

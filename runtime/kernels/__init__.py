@@ -8,3 +8,4 @@ from runtime.kernels import optimizer  # noqa: F401
 from runtime.kernels import io  # noqa: F401
 from runtime.kernels import rpc  # noqa: F401
 from runtime.kernels import collective  # noqa: F401
+from runtime.kernels import jax_function  # noqa: F401

@@ -150,6 +150,14 @@ def assign(ins: Ins, attrs: Attrs) -> Outs:
     return {"Out": [one(ins, "X")]}
 
 
+@kernel("recompute_barrier")
+def recompute_barrier(ins: Ins, attrs: Attrs) -> Outs:
+    # One barrier over the values and their dependencies: XLA can neither CSE what follows with the
+    # forward pass (the values are new) nor schedule it before the dependencies exist (jax.checkpoint's trick).
+    xs, _ = jax.lax.optimization_barrier((list(ins["X"]), list(ins.get("Dep", []))))
+    return {"Out": list(xs)}
+
+
 # --- reductions ---------------------------------------------------------------------------------------
 def _reduce(fn: Callable[..., Any]) -> Callable[[Ins, Attrs], Outs]:
     def k(ins: Ins, attrs: Attrs) -> Outs:

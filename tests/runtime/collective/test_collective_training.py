@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,22 +13,13 @@ from typing import Iterator
 import numpy as np
 import pytest
 
+from tests.launching import free_ports
 from tests.runtime.collective import worker
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 RTOL, ATOL = 1e-5, 1e-6
 WAIT_S = 120
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def env(**extra: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,20 +21,12 @@ import grpc
 import numpy as np
 import pytest
 
+from tests.launching import free_ports
 from tests.runtime.rpc import ps_worker
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 WAIT = 90.0
 
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 class Cluster:
