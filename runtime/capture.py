@@ -74,6 +74,15 @@ _KEEP_WHOLE_JIT = {"log_softmax"}
 _CONTROL_FLOW = {"cond", "while", "scan"}
 
 
+
+class _NoMatch(Exception):
+    """A pattern does not match (control flow of the pattern matchers, never seen by users)."""
+
+
+def _need(condition: bool) -> None:
+    if not condition:
+        raise _NoMatch
+
 class CaptureError(FlotillaError):
     """A function the capture front end cannot turn into a Program."""
 
@@ -743,27 +752,27 @@ class _Converter:
         get = self.producer
         try:
             ex, rbe = get(e), get(rb)
-            assert ex.prim == "exp" and rbe.prim == "broadcast_in_dim"
+            _need(ex.prim == "exp" and rbe.prim == "broadcast_in_dim")
             r = get(rbe.ins[0])
-            assert r.prim == "reduce_sum" and r.ins[0] is e
+            _need(r.prim == "reduce_sum" and r.ins[0] is e)
             s = get(ex.ins[0])
-            assert s.prim == "sub"
+            _need(s.prim == "sub")
             x, sg_atom = s.ins
             sg = get(sg_atom)
-            assert sg.prim == "stop_gradient"
+            _need(sg.prim == "stop_gradient")
             bc = get(sg.ins[0])
-            assert bc.prim == "broadcast_in_dim"
+            _need(bc.prim == "broadcast_in_dim")
             m2 = get(bc.ins[0])
-            assert m2.prim == "max"
+            _need(m2.prim == "max")
             m = get(m2.ins[1]) if m2.ins[0].is_literal else get(m2.ins[0])
-            assert m.prim == "reduce_max" and m.ins[0] is x
+            _need(m.prim == "reduce_max" and m.ins[0] is x)
             axes = tuple(m.eqn.params["axes"])
-            assert len(axes) == 1 and tuple(r.eqn.params["axes"]) == axes
+            _need(len(axes) == 1 and tuple(r.eqn.params["axes"]) == axes)
             chain = [rbe, r, ex, s, sg, bc, m2, m]
-            assert len(self.uses.get(e, [])) == 2 and all(
-                self.single_use(o) for c in chain if c is not ex for o in c.outs)
-            assert self._float(x)
-        except (AssertionError, AttributeError, KeyError, TypeError, ValueError):
+            _need(len(self.uses.get(e, [])) == 2 and all(
+                self.single_use(o) for c in chain if c is not ex for o in c.outs))
+            _need(self._float(x))
+        except (_NoMatch, AttributeError, KeyError, TypeError, ValueError):
             return
         for c in chain:
             c.skip = True

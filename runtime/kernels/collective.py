@@ -18,7 +18,6 @@ import contextlib
 import contextvars
 from typing import Any, Iterator
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
