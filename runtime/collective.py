@@ -246,12 +246,21 @@ class DataParallel:
         self.batched = NamedSharding(self.mesh, P(AXIS))
         me = jax.process_index()
         self.local_devices = tuple(d for d in self.devices if d.process_index == me)
+        self._zero: Any = None
         if not self.local_devices:
             raise CollectiveError("this process has no device in the data-parallel mesh")
 
     @property
     def nranks(self) -> int:
         return len(self.devices)
+
+    def counter(self, value: int) -> Any:
+        """``value`` as a replicated uint32 scalar of the mesh (0, the common case, is made once)."""
+        if value == 0:
+            if self._zero is None:
+                self._zero = self.to_global(np.uint32(0), False)
+            return self._zero
+        return self.to_global(np.uint32(value), False)
 
     def spec(self, batch: bool) -> P:
         return P(AXIS) if batch else P()
@@ -269,6 +278,10 @@ class DataParallel:
             local = jax.device_put(value, self.local_devices[0])
             return jax.make_array_from_single_device_arrays(local.shape, sharding, [local])
         local = np.asarray(value)
+        if len(self.local_devices) == 1:  # one device a process (nccl2): skip the general path's checks
+            shard = jax.device_put(local, self.local_devices[0])
+            shape = ((local.shape[0] * self.nranks,) + local.shape[1:]) if batch and local.ndim else local.shape
+            return jax.make_array_from_single_device_arrays(shape, sharding, [shard])
         if batch and local.ndim and local.shape[0] % len(self.local_devices):
             raise ExecutionError(f"a batch of {local.shape[0]} rows does not split over this process's "
                                  f"{len(self.local_devices)} devices",

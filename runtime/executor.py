@@ -59,6 +59,7 @@ class _PureRun:
     kept: list[str]
     outputs: list[str]
     batch: frozenset[str] = frozenset()  # batch-major names (split over the data-parallel mesh)
+    random: bool = False  # some op draws random numbers (keyed on the run counter)
     fn: Any = None  # compiled on first use, when the data-parallel mesh (if any) is known
     dp: Any = None  # the runtime.collective.DataParallel it was compiled for
 
@@ -313,7 +314,7 @@ class Executor:
         donated = [n for n in reads if n in persistable and n in written]
         kept = [n for n in reads if n not in donated]
         batch = frozenset(n for n in reads + outputs if _is_batch(block, n, persistable))
-        return _PureRun(ops, reads, donated, kept, outputs, batch)
+        return _PureRun(ops, reads, donated, kept, outputs, batch, any(_is_random(op) for _, op in ops))
 
     def _compile(self, run: _PureRun, block: Block, dp: Any) -> Any:
         """One jitted function for ``run``; under ``shard_map`` over ``dp``'s mesh when given."""
@@ -380,7 +381,9 @@ class Executor:
 
         donated = tuple(arg(n, True) for n in step.donated)
         kept = tuple(arg(n, False) for n in step.kept)
-        return step.fn(donated, kept, mesh.to_global(np.uint32(plan.runs), False))
+        # The run counter only keys random ops: a run without any takes one cached global zero.
+        runs = plan.runs if step.random else 0
+        return step.fn(donated, kept, mesh.counter(runs))
 
     def _read(self, scope: Scope, block: Block, run: _PureRun, name: str, donate: bool = False,
               local: bool = True) -> Any:
