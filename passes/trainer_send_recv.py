@@ -6,8 +6,11 @@ Guarantees, as Fluid 1.5 (``transpile`` + ``get_trainer_program``):
   the variables only they used;
 - in sync mode with several trainers a gradient with one block is renamed to its trainer copy
   (``g.trainer_<id>``, recorded as ``copy_of``/``trainer_id``);
-- right after the last op producing each gradient: ``split_byref`` (``split_selected_rows`` for a
-  sparse gradient) when it has several blocks, then ``send`` with one endpoint per block;
+- after the backward (right after the last op that is a backward op or writes a sent gradient, so
+  the forward and backward compile as one run): first every ``split_byref`` (``split_selected_rows``
+  for a sparse gradient) of a gradient with several blocks, then every ``send`` (one endpoint per
+  block), both in the order the gradients are completed (by last writer; gradients with the same last
+  writer in reverse plan order, as Fluid's one-by-one insertion left them);
 - after everything: ``send_barrier`` (sync), one ``recv`` per parameter, ``fetch_barrier`` (sync),
   and ``concat`` of the blocks of every sliced parameter.
 Control-dependency variables are ``raw`` with shape ``[]`` and deterministic names.
@@ -87,17 +90,19 @@ class TrainerSendRecv(Pass):
         block.rename_vars(renames)
         for old, new in renames.items():
             block.replace_var(new, copy_of=old, trainer_id=plan.trainer_id)
-        # Variables are declared in plan order. One backward scan finds every gradient's last writer;
-        # the ops are then inserted from the end of the block, so the positions computed before any
-        # insertion stay valid. Gradients with the same last writer go in plan order, each right after
-        # the writer (the later one's ops end up first), as if each send were placed one by one.
+        # Variables are declared in plan order. The splits and sends all go after the backward: a send
+        # is a host op, and one between two backward ops would cut the compiled step in two (the
+        # executor jits maximal runs of pure ops). The splits come first, for the same reason.
         produced = [pp.grad if pp.is_sliced else plan.trainer_grad_name(pp.grad_blocks[0]) for pp in plan.params]
         writers = last_writers(block, produced)
         for pp in plan.params:
             sent[pp.param] = self._declare_send_vars(block, plan, pp)
-        for k in sorted(range(len(plan.params)), key=lambda k: -writers[produced[k]]):
-            pp = plan.params[k]
-            self._insert_send(block, plan, pp, sent[pp.param], writers[produced[k]])
+        order = [plan.params[k] for k in sorted(range(len(plan.params)), key=lambda k: (writers[produced[k]], -k))]
+        at = max([*writers.values(), last_backward_op(block)]) + 1
+        for pp in order:
+            at = self._insert_split(block, pp, sent[pp.param], at)
+        for pp in order:
+            at = self._insert_send(block, plan, pp, sent[pp.param], at)
         dummies = [send_dummy_name(pp.grad) for pp in plan.params]
         barrier = [SEND_BARRIER_OUT]
         if plan.sync_mode:
@@ -153,19 +158,33 @@ class TrainerSendRecv(Pass):
         return names
 
     @staticmethod
-    def _insert_send(block: Block, plan: DistPlan, pp: ParamPlan, names: list[str], index: int) -> None:
-        """Insert the split (sliced gradients) and the send of ``pp``'s gradient, as ``names``, right
-        after op ``index``, the gradient's last writer."""
-        if pp.is_sliced:
-            split = "split_selected_rows" if pp.sparse else "split_byref"
-            sections = "height_sections" if pp.sparse else "sections"
-            block.insert_op(index + 1, split, {"X": [pp.grad]}, {"Out": names},
-                            {sections: pp.sections, OP_ROLE_ATTR: int(OpRole.DIST)})
-            index += 1
+    def _insert_split(block: Block, pp: ParamPlan, names: list[str], at: int) -> int:
+        """Insert at ``at`` the op splitting ``pp``'s gradient into its blocks ``names``, when it has
+        several; return the position after it."""
+        if not pp.is_sliced:
+            return at
+        split = "split_selected_rows" if pp.sparse else "split_byref"
+        sections = "height_sections" if pp.sparse else "sections"
+        block.insert_op(at, split, {"X": [pp.grad]}, {"Out": names},
+                        {sections: pp.sections, OP_ROLE_ATTR: int(OpRole.DIST)})
+        return at + 1
+
+    @staticmethod
+    def _insert_send(block: Block, plan: DistPlan, pp: ParamPlan, names: list[str], at: int) -> int:
+        """Insert at ``at`` the send of ``pp``'s gradient, as ``names``; return the position after it."""
         role_grad = names[0] if not pp.is_sliced else pp.grad
-        block.insert_op(index + 1, "send", {"X": names}, {"Out": [send_dummy_name(pp.grad)]},
+        block.insert_op(at, "send", {"X": names}, {"Out": [send_dummy_name(pp.grad)]},
                         rpc_attrs(epmap=list(pp.endpoints), sync_mode=not plan.sync_mode, trainer_id=plan.trainer_id,
                                   **{OP_ROLE_VAR_ATTR: [pp.param, role_grad]}))
+        return at + 1
+
+
+def last_backward_op(block: Block) -> int:
+    """The index of the last backward op of ``block`` (-1 when there is none)."""
+    for i in range(len(block.ops) - 1, -1, -1):
+        if block.ops[i].role & OpRole.BACKWARD:
+            return i
+    return -1
 
 
 def last_writers(block: Block, names: list[str]) -> dict[str, int]:

@@ -63,13 +63,48 @@ def send(ctx: Any, op: Operator) -> None:
 
 @host_kernel("recv")
 def recv(ctx: Any, op: Operator) -> None:
-    if op.attr("recv_varnames"):
-        raise ExecutionError("recv with recv_varnames (runtime merging) is not supported",
-                             hint="transpile with flotilla's DistributeTranspiler, which merges with concat")
-    outs = op.output("Out")
-    values = _client(ctx, op).get(list(zip(op.attr("epmap"), outs)))
-    for name, value in zip(outs, values):
+    """Fetch the op's parameter blocks. The first ``recv`` of a run of consecutive ``recv`` ops (the
+    trainer rewrite appends one per parameter) fetches the blocks of the whole run at once, every
+    pserver and block in flight together; the others then find their blocks already in the scope.
+    Nothing runs between them, so fetching early is the same as fetching in turn."""
+    client = _client(ctx, op)
+    if id(op) in client.recv_ahead:
+        client.recv_ahead.discard(id(op))
+        return
+    group = _recv_run(ctx, op, client)
+    for r in group:
+        if r.attr("recv_varnames"):
+            raise ExecutionError("recv with recv_varnames (runtime merging) is not supported",
+                                 hint="transpile with flotilla's DistributeTranspiler, which merges with concat")
+    pairs = [(ep, name) for r in group for ep, name in zip(r.attr("epmap"), r.output("Out"))]
+    values = client.get(pairs)
+    for (_, name), value in zip(pairs, values):
         ctx.scope.set_var(name, value)
+    client.recv_ahead = {id(r) for r in group[1:]}
+
+
+def _recv_run(ctx: Any, op: Operator, client: Any) -> list[Operator]:
+    """``op`` and the ``recv`` ops of the same trainer right after it in its block when ``op`` starts
+    such a run, else just ``op``; cached on the client per program version and block."""
+    per_program = client.recv_runs.setdefault(ctx.program, {})
+    key = (ctx.program.version, ctx.block.idx)
+    runs = per_program.get(key)
+    if runs is None:
+        runs = {}
+        ops = ctx.block.ops
+        i = 0
+        while i < len(ops):
+            j = i
+            while (j < len(ops) and ops[j].type == "recv"
+                   and ops[j].attr("trainer_id") == ops[i].attr("trainer_id")):
+                j += 1
+            if j > i + 1:
+                runs[id(ops[i])] = ops[i:j]
+            i = max(j, i + 1)
+        for stale in [k for k in per_program if k[0] != key[0]]:
+            del per_program[stale]  # an older version's runs are dead
+        per_program[key] = runs
+    return runs.get(id(op), [op])
 
 
 @host_kernel("send_barrier")

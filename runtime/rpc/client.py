@@ -25,6 +25,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+import weakref
 from concurrent import futures
 from typing import Any, Iterable, Sequence
 
@@ -93,6 +94,12 @@ class RPCClient:
         self.incarnation = incarnation if incarnation is not None else secrets.randbits(63) | 1
         self._joined = False
         self.announced_programs: set[tuple[int, int]] = set()
+        # The recv kernel's batching (runtime.kernels.rpc.recv): per program (weakly: a dead program's ids
+        # must never match a new one's), per (version, block index), the runs of consecutive recv ops; and
+        # the recv ops whose blocks the run's first one fetched.
+        self.recv_runs: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], dict[int, list[Any]]]]" = (
+            weakref.WeakKeyDictionary())
+        self.recv_ahead: set[int] = set()
         self.deadline = deadline if deadline is not None else flag("FLAGS_rpc_deadline") / 1000.0
         self.retries = retries if retries is not None else flag("FLAGS_rpc_retry_times")
         self.max_message = max_message

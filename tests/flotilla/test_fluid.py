@@ -131,9 +131,9 @@ def test_paddle_dist_lookup_table_with_lod_inputs() -> None:
         assert trainer_ops[:32] == [
             "split_ids", "prefetch", "merge_ids", "sequence_pool", "sequence_pool", "lookup_table", "sequence_pool",
             "concat", "mul", "elementwise_add", "cross_entropy", "mean", "fill_constant", "mean_grad",
-            "cross_entropy_grad", "elementwise_add_grad", "send", "mul_grad", "send", "concat_grad",
-            "sequence_pool_grad", "lookup_table_grad", "split_selected_rows", "send", "sequence_pool_grad",
-            "lookup_table_grad", "sequence_pool_grad", "lookup_table_grad", "sum", "split_ids", "send",
+            "cross_entropy_grad", "elementwise_add_grad", "mul_grad", "concat_grad", "sequence_pool_grad",
+            "lookup_table_grad", "sequence_pool_grad", "lookup_table_grad", "sequence_pool_grad",
+            "lookup_table_grad", "sum", "split_ids", "send", "split_selected_rows", "send", "send", "send",
             "send_barrier"]
         pserver = t.get_pserver_program(EP1)
         assert len(pserver.blocks) == 6

@@ -45,8 +45,8 @@ def test_trainer_program(pservers: int, sync: bool) -> None:
     main = t.get_trainer_program(wait_port=False)
     expected = ["split_ids", "prefetch", "merge_ids", "reshape", "concat", "mul", "elementwise_add",
                 "elementwise_sub", "square", "mean", "fill_constant", "mean_grad", "square_grad",
-                "elementwise_sub_grad", "elementwise_add_grad", "send", "mul_grad", "send", "concat_grad",
-                "reshape_grad", "lookup_table_grad", "split_ids", "send"]
+                "elementwise_sub_grad", "elementwise_add_grad", "mul_grad", "concat_grad",
+                "reshape_grad", "lookup_table_grad", "split_ids", "send", "send", "send"]
     if sync:
         expected += ["send_barrier", "recv", "recv", "fetch_barrier"]
     else:
@@ -57,7 +57,7 @@ def test_trainer_program(pservers: int, sync: bool) -> None:
     assert prefetch.attr("epmap") == [f"127.0.0.1:{6174 + i}" for i in range(pservers)]
     assert prefetch.attr("height_sections") == [-(-1001 // pservers)] * pservers
     assert block.ops[2].output("Out") == ["embedding_0.tmp_0"]
-    send = block.ops[22]
+    send = block.ops[20]
     names = [f"table@GRAD.trainer_0.pserver_{i}" if sync else f"table@GRAD.pserver_{i}" for i in range(pservers)]
     assert send.input("X") == names
     assert send.role_var == ["table", "table@GRAD"]

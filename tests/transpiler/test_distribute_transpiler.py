@@ -60,7 +60,7 @@ def test_basic_model_trainer_program() -> None:
     t = transpile(*build_fc())
     assert op_types(t.get_trainer_program(wait_port=False)) == [
         "mul", "elementwise_add", "elementwise_sub", "square", "mean", "fill_constant", "mean_grad", "square_grad",
-        "elementwise_sub_grad", "elementwise_add_grad", "send", "mul_grad", "split_byref", "send", "send_barrier",
+        "elementwise_sub_grad", "elementwise_add_grad", "mul_grad", "split_byref", "send", "send", "send_barrier",
         "recv", "recv", "fetch_barrier", "concat"]
     assert op_types(t.get_trainer_startup_program())[-4:] == ["recv", "recv", "fetch_barrier", "concat"]
 
