@@ -22,6 +22,11 @@ measured in one run on 127.0.0.1 against baselines measured in the same run.
     (64 bytes) prefetched, and one gradient row (64 bytes + an 8-byte row id) per unique id. The sparse
     line compares the gradient rows sent with the unique ids: sending only touched rows gives 1.00.
 
+(d) With ``--trust``, every parameter-server job also runs with a job token (``FLOTILLA_JOB_TOKEN``), right
+    after its plain run, and the ratios to the plain run are printed (target: >= 0.95). TLS is not measured
+    here (its certificates differ per role; see tests/runtime/rpc/test_trust.py).
+The load average is printed before and after; ``--quick`` figures are marked not comparable.
+
 Every process is started here and only those are killed (on failure, timeout or exit); every wait is
 bounded (``--job-timeout``; the children's ``FLAGS_rpc_deadline`` and ``FLAGS_pserver_timeout_ms``).
 ``python bench/ps_bench.py [--quick] [--steps N] [--warmup N] [--sizes-mib 4,64] [--reps R] [--json PATH]``
@@ -382,6 +387,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds a job's processes may take")
     ap.add_argument("--hugetlb", action="store_true", help="run the children with GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
     ap.add_argument("--json", default="", help="also write the figures as JSON to this path")
+    ap.add_argument("--trust", action="store_true",
+                    help="also run every PS job with a job token and print the ratios to the plain run")
     args = ap.parse_args(argv)
     quick = args.quick
     args.sizes_mib = args.sizes_mib or ([4] if quick else [4, 64])
@@ -402,12 +409,41 @@ def parse_job(text: str) -> Job:
     return Job(f"{p}x{t} {mode}", int(p), int(t), mode)
 
 
+def trust_variants(args: argparse.Namespace, env: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
+    """(suffix, environment) of each way to run a PS job: plain, then (``--trust``) with a job token."""
+    plain = {k: v for k, v in env.items() if not k.startswith(("FLOTILLA_JOB_TOKEN", "FLOTILLA_TLS_"))}
+    out = [("", plain)]
+    if args.trust:
+        out.append((" +token", {**plain, "FLOTILLA_JOB_TOKEN": os.urandom(32).hex()}))
+    return out
+
+
+def print_trust(rows: list[dict[str, Any]]) -> None:
+    plain = {r["job"]: r for r in rows if "+" not in r["job"]}
+    lines = []
+    for r in rows:
+        base, _, variant = r["job"].partition(" +")
+        if variant and base in plain:
+            ratio = r["per_trainer"] / plain[base]["per_trainer"]
+            lines.append(f"{base:<12} {'+' + variant:<13} {r['per_trainer']:12,.0f} {plain[base]['per_trainer']:12,.0f} "
+                         f"{ratio:7.2f}  {'met' if ratio >= 0.95 else 'MISSED'}")
+    if lines:
+        print()
+        print("(d) trust on the wire: per trainer examples/s with the job token against plain, same run")
+        print(f"{'job':<12} {'variant':<13} {'with':>12} {'plain':>12} {'ratio':>7}  target >= 0.95")
+        for line in lines:
+            print(line)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     jobs = [Job("single-process", 0, 1, "local")] + [parse_job(j) for j in args.jobs]
     env = child_env(args)
+    variants = trust_variants(args, env)
+    load_before = os.getloadavg()
+    note = " (--quick: a smoke run; its figures are not comparable with a full run)" if args.quick else ""
     print(f"ps_bench: {os.cpu_count()} cores; table {args.table_rows:,} x 16, batch {args.batch_size}, "
-          f"{args.warmup} warm-up + {args.steps} timed steps a trainer, ids {args.id_dist}", flush=True)
+          f"{args.warmup} warm-up + {args.steps} timed steps a trainer, ids {args.id_dist}{note}", flush=True)
     tcp: dict[int, dict[str, float]] = {}
     grpc_: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="ps_bench_") as tmpdir:
@@ -422,17 +458,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 procs.kill()
         rows = []
         for job in jobs:
-            start = time.perf_counter()
-            rows.append(run_job(job, args, env, tmp))
-            print(f"{job.name}: {rows[-1]['per_trainer']:,.0f} examples/s per trainer, {rows[-1]['total']:,.0f} "
-                  f"total ({time.perf_counter() - start:.1f}s with start-up)", flush=True)
+            for suffix, job_env in (variants if job.pservers else variants[:1]):
+                start = time.perf_counter()
+                named = Job(job.name + suffix, job.pservers, job.trainers, job.mode)
+                rows.append(run_job(named, args, job_env, tmp))
+                print(f"{named.name}: {rows[-1]['per_trainer']:,.0f} examples/s per trainer, "
+                      f"{rows[-1]['total']:,.0f} total ({time.perf_counter() - start:.1f}s with start-up)", flush=True)
     local = rows[0]["total"]
     if tcp:
         print_transport(tcp, grpc_)
     print_jobs(rows, local)
+    print_trust(rows)
     print_summary(tcp, grpc_, rows, local)
+    load_after = os.getloadavg()
+    print(f"load average (1/5/15 min): {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f} before, "
+          f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} after{note}")
     result = {"transport": {"tcp": tcp, "grpc": grpc_}, "jobs": rows, "local_examples_per_s": local,
               "reference_per_trainer": REFERENCE_PER_TRAINER,
+              "load_average": {"before": load_before, "after": load_after},
               "config": {k: v for k, v in vars(args).items() if k != "json"}}
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=2, default=str))
