@@ -139,7 +139,12 @@ class Executor:
         program = program if program is not None else default_main_program()
         dp = None
         if hasattr(program, "_flotilla_data_parallel"):  # a CompiledProgram (transpiler/ builds them)
-            program, dp = program._flotilla_data_parallel()
+            program, kind, program_for = program._flotilla_data_parallel()
+            if kind is not None:
+                from runtime import collective
+
+                dp = collective.process_mesh() if kind == "process" else collective.device_mesh()
+                program = program_for(dp.nranks)
         if not isinstance(program, Program):
             raise ExecutionError(f"Executor.run needs an ir.Program, got {type(program).__name__}")
         run_instead = getattr(program, "_flotilla_run_instead", None)  # set by DistributeTranspiler.transpile
@@ -339,7 +344,7 @@ class Executor:
             return None
         from runtime import collective
 
-        mesh = dp() if callable(dp) else dp if dp is not None else collective.process_mesh()
+        mesh = dp if dp is not None else collective.process_mesh()
         want = plan.collective_nranks
         if want and want != mesh.nranks:
             group = collective.current_group()

@@ -1,5 +1,6 @@
-"""Fluid's data-parallel executors: ``CompiledProgram(...).with_data_parallel(...)`` and
-``ParallelExecutor``, over every device of this process (and of every trainer process in an nccl2 job).
+"""Fluid's data-parallel programs: ``CompiledProgram(...).with_data_parallel(...)``, over every device of this
+process (and of every trainer process in an nccl2 job); ``ParallelExecutor`` over it is in
+``flotilla.parallel_executor`` (it needs the runtime, which this package never imports).
 
 ``CompiledProgram(main).with_data_parallel(loss_name=...)`` marks a program for data-parallel runs: an
 ``Executor`` given it splits each fed batch over the devices (``XLA_FLAGS=--xla_force_host_platform_
@@ -10,14 +11,14 @@ device a trainer process. Fetched values are concatenated over this process's de
 loss of shape [1] comes back with one entry a device), as in Fluid; parameters come back once.
 
 Invariants: the user's program is never modified (the rewrite works on a clone, cached per group size);
-nothing here imports the runtime at module level (``ParallelExecutor`` does, when created).
+nothing here imports the runtime: ``runtime.Executor`` resolves the mesh a CompiledProgram asks for.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from ir.core import Program, default_main_program
+from ir.core import Program
 from ir.program_set import ProgramSet
 
 from passes.collective_plan import CollectivePlan
@@ -117,66 +118,14 @@ class CompiledProgram:
             self._rewritten = {key: cached}  # older versions of the program are dead
         return cached
 
-    def _flotilla_data_parallel(self) -> tuple[Program, Any]:
-        """For ``runtime.Executor``: the program to run and a callable giving its mesh (None: one device)."""
+    def _flotilla_data_parallel(self) -> tuple[Program, Any, Any]:
+        """For ``runtime.Executor``: the program itself and, when data parallel, the mesh it wants
+        (``"process"``: one device a trainer process, for an nccl2-transpiled program; ``"devices"``: every
+        device) and a callable giving the program to run on a mesh of N ranks. The runtime resolves the mesh:
+        this module never imports it."""
         if not self._data_parallel:
-            return self._program, None
-        from runtime import collective
-
-        mesh = collective.process_mesh() if is_collective_program(self._program) else collective.device_mesh()
-        return self.program_for(mesh.nranks), mesh
+            return self._program, None, None
+        return self._program, ("process" if is_collective_program(self._program) else "devices"), self.program_for
 
 
-class ParallelExecutor:
-    """Fluid 1.5's ``ParallelExecutor``: an Executor over a data-parallel ``CompiledProgram``.
-
-    With ``num_trainers > 1`` the program must come from an nccl2 transpile and the trainer startup
-    program must have run (it joins the group); each process then drives one device."""
-
-    def __init__(self, use_cuda: bool, loss_name: str | None = None, main_program: Program | None = None,
-                 share_vars_from: Any = None, exec_strategy: ExecutionStrategy | None = None,
-                 build_strategy: BuildStrategy | None = None, num_trainers: int = 1, trainer_id: int = 0,
-                 scope: Any = None) -> None:
-        import runtime
-        from runtime import collective
-
-        if isinstance(num_trainers, bool) or not isinstance(num_trainers, int) or num_trainers < 1:
-            raise TranspilerError(f"num_trainers must be an int >= 1, got {num_trainers!r}", code="E702")
-        if isinstance(trainer_id, bool) or not isinstance(trainer_id, int) or not 0 <= trainer_id < num_trainers:
-            raise TranspilerError(f"trainer_id {trainer_id!r} is out of range for {num_trainers} trainer(s)",
-                                  code="E703")
-        program = main_program if main_program is not None else default_main_program()
-        if num_trainers > 1:
-            group = collective.current_group()
-            if group is None or group.nranks != num_trainers or group.trainer_id != trainer_id:
-                raise TranspilerError(
-                    f"ParallelExecutor(num_trainers={num_trainers}, trainer_id={trainer_id}) needs this process to "
-                    "have joined that trainer group" + (f"; it is trainer {group.trainer_id} of {group.nranks}"
-                                                        if group else ""),
-                    hint="transpile with config.mode='nccl2' and run get_trainer_startup_program() first",
-                    code="E703")
-        self._exe = runtime.Executor(runtime.CUDAPlace(0) if use_cuda else runtime.CPUPlace())
-        self._compiled = CompiledProgram(program, build_strategy).with_data_parallel(loss_name, build_strategy,
-                                                                                     exec_strategy)
-        self._scope = scope
-
-    @property
-    def device_count(self) -> int:
-        from runtime import collective
-
-        return collective.device_mesh().nranks
-
-    def run(self, fetch_list: Sequence[Any], feed: Mapping[str, Any] | None = None,
-            feed_dict: Mapping[str, Any] | None = None, return_numpy: bool = True) -> list[Any]:
-        """Fluid's signature: fetches first; ``feed_dict`` is the old name of ``feed``."""
-        if feed is not None and feed_dict is not None:
-            raise TranspilerError("give feed or feed_dict, not both", code="E712")
-        return self._exe.run(self._compiled, feed=feed if feed is not None else feed_dict, fetch_list=fetch_list,
-                             scope=self._scope, return_numpy=return_numpy)
-
-    def close(self) -> None:
-        self._exe.close()
-
-
-__all__ = ["BuildStrategy", "CompiledProgram", "ExecutionStrategy", "ParallelExecutor", "data_parallel_program",
-           "is_collective_program"]
+__all__ = ["BuildStrategy", "CompiledProgram", "ExecutionStrategy", "data_parallel_program", "is_collective_program"]

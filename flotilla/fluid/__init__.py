@@ -29,7 +29,8 @@ from runtime.executor import Executor
 from runtime.lod import DataFeeder, LoDTensor, create_lod_tensor
 from runtime.place import CPUPlace, CUDAPlace
 from runtime.scope import Scope, global_scope, scope_guard
-from transpiler.compiled_program import BuildStrategy, CompiledProgram, ExecutionStrategy, ParallelExecutor
+from flotilla.parallel_executor import ParallelExecutor
+from transpiler.compiled_program import BuildStrategy, CompiledProgram, ExecutionStrategy
 
 __all__ = [
     "BuildStrategy", "CPUPlace", "CUDAPlace", "CompiledProgram", "DataFeeder", "DistributeTranspiler",

@@ -33,8 +33,11 @@ def test_names_are_the_native_objects() -> None:
     assert fluid.DistributeTranspiler.in_place and not transpiler.DistributeTranspiler.in_place
     assert fluid.transpiler.RoundRobin is transpiler.RoundRobin and fluid.transpiler.HashName is transpiler.HashName
     assert fluid.memory_optimize is transpiler.memory_optimize and fluid.release_memory is transpiler.release_memory
-    for name in ("CompiledProgram", "ParallelExecutor", "BuildStrategy", "ExecutionStrategy"):
+    for name in ("CompiledProgram", "BuildStrategy", "ExecutionStrategy"):
         assert getattr(fluid, name) is getattr(transpiler, name)
+    from flotilla import parallel_executor
+
+    assert fluid.ParallelExecutor is parallel_executor.ParallelExecutor
     from runtime import lod
 
     assert fluid.LoDTensor is lod.LoDTensor and fluid.create_lod_tensor is lod.create_lod_tensor

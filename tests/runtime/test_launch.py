@@ -20,6 +20,7 @@ import pytest
 from ir.errors import FlotillaError
 from runtime.launch import JobPlan, build_parser, child_environ, launch, plan_job
 from runtime.role import ROLE_ENV_VARS, LaunchError, Role, role_from_env
+from tests.launching import free_ports
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 JOB = str(pathlib.Path(__file__).resolve().parent / "launch_scripts" / "job.py")
@@ -204,7 +205,7 @@ def test_plan_collective_mode_envs() -> None:
 
 
 def test_plan_collective_explicit_trainers_and_gpus() -> None:
-    free = _free_ports(2)
+    free = free_ports(2)
     trainers = f"127.0.0.1:{free[0]},127.0.0.1:{free[1]}"
     plan = _plan("--trainers", trainers, "--gpus", "3,5")
     assert plan.mode == "collective" and plan.trainer_endpoints == tuple(trainers.split(","))
@@ -215,7 +216,7 @@ def test_plan_collective_explicit_trainers_and_gpus() -> None:
 
 
 def test_plan_explicit_servers_and_workers() -> None:
-    free = _free_ports(2)
+    free = free_ports(2)
     plan = _plan("--servers", f"127.0.0.1:{free[0]},localhost:{free[1]}", "--workers", "127.0.0.1,localhost")
     assert plan.pserver_endpoints == (f"127.0.0.1:{free[0]}", f"localhost:{free[1]}")
     assert [ep.split(":")[0] for ep in plan.trainer_endpoints] == ["127.0.0.1", "localhost"]
@@ -280,21 +281,10 @@ def test_usage_error_is_one_line_and_exit_2(argv: list[str], fragment: str, caps
 # --- jobs of real processes --------------------------------------------------------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 def _free_run_of_ports(n: int) -> int:
     """The first of ``n`` consecutive free ports on 127.0.0.1."""
     for _ in range(50):
-        base = _free_ports(1)[0]
+        base = free_ports(1)[0]
         if base + n > 65535:
             continue
         socks = []
