@@ -7,7 +7,7 @@ measured in one run on 127.0.0.1 against baselines measured in the same run.
     (``RPCClient.get``: decoding included) of float32 tensors of ``--sizes-mib`` to a real pserver (a
     transpiled program holding one parameter of each size, sync mode, one trainer: a send is stored, a
     get answers at once). Each figure is the median of ``--reps`` timed transfers after one warm-up; the
-    ratio gRPC / raw TCP is for the same direction (target >= 0.5).
+    ratio gRPC / raw TCP is for the same direction (target >= 0.6).
 (b) Examples/s of the CTR reference job (``bench/ps_bench_worker.py``: 26 int64 slots sharing ONE
     1,000,000 x 16 table, 13 dense features, fc 400-400-400 relu, fc 2 softmax, mean cross entropy, SGD
     0.01, batch 512, synthetic data whose labels follow a fixed random linear rule): single-process
@@ -43,6 +43,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -55,10 +56,14 @@ if __package__ in (None, ""):
 from ir.errors import FlotillaError  # noqa: E402
 
 WORKER = pathlib.Path(__file__).resolve().with_name("ps_bench_worker.py")
+PADDLE_WORKER = WORKER.with_name("paddle_ps_worker.py")
 REPO = WORKER.parents[1]
 HEADER_FMT = "<cQ"
-REFERENCE_PER_TRAINER = 9_500.0
-TRANSPORT_TARGET = 0.5
+REFERENCE_PER_TRAINER = 9_500.0  # Paddle 2.6.2's PS, async 1x2, last measured on this machine (see --vs-paddle)
+PADDLE_LAST_MEASURED = "Paddle 2.6.2, 2026-11-24, this 2-core machine, bench/paddle_ps_worker.py"
+TRANSPORT_TARGET = 0.6
+JOB_TARGET = 0.6  # the whole 1x2 job against single-process training, examples/s
+PADDLE_TARGET = 2.0  # 1x2 async examples/s per trainer against Paddle's PS on the same job
 GB = 1e9
 EMB_ROW_BYTES = 16 * 4
 ID_BYTES = 8
@@ -85,21 +90,25 @@ class Procs:
     env: dict[str, str]
     running: list[tuple[str, subprocess.Popen[bytes], pathlib.Path]] = field(default_factory=list)
 
-    def start(self, tag: str, role: str, *argv: str) -> subprocess.Popen[bytes]:
+    def start(self, tag: str, role: str, *argv: str, python: str = sys.executable,
+              worker: pathlib.Path = WORKER) -> subprocess.Popen[bytes]:
         log = self.tmp / f"{tag}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, str(WORKER), role, *argv], stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([python, str(worker), role, *argv], stdout=out, stderr=subprocess.STDOUT,
                                     env=self.env, cwd=str(REPO))
         self.running.append((tag, proc, log))
         return proc
 
-    def wait_all(self, timeout: float) -> None:
-        """Wait for every started process; raise BenchError naming the first that failed or hung."""
+    def wait_all(self, timeout: float, only: str = "") -> None:
+        """Wait for every started process (whose tag starts with ``only``); raise BenchError naming the
+        first that failed or hung. Every process still running is killed on return."""
         end = time.monotonic() + timeout
         try:
             while True:
                 pending = []
                 for tag, proc, log in self.running:
+                    if not tag.startswith(only):
+                        continue
                     rc = proc.poll()
                     if rc is None:
                         pending.append((tag, log))
@@ -239,6 +248,7 @@ class Job:
     pservers: int  # 0: single-process training
     trainers: int
     mode: str
+    paddle: str = ""  # the interpreter that runs Paddle's PS on this job instead of Flotilla's
 
 
 def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathlib.Path) -> dict[str, Any]:
@@ -248,7 +258,11 @@ def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathli
     procs = Procs(jobdir, env)
     common = ["--table-rows", str(args.table_rows), "--batch-size", str(args.batch_size), "--warmup",
               str(args.warmup), "--steps", str(args.steps), "--id-dist", args.id_dist]
+    gate = jobdir / "gate"
+    gate.mkdir()
+    common += ["--gate", str(gate), "--gate-count", str(max(1, job.trainers)), "--timeout", str(args.job_timeout)]
     outs = []
+    cpu = CPUWindow(procs, gate, max(1, job.trainers), args.job_timeout)
     try:
         if job.pservers == 0:
             outs.append(jobdir / "local.json")
@@ -256,16 +270,71 @@ def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathli
         else:
             eps = [f"127.0.0.1:{free_port()}" for _ in range(job.pservers)]
             dist = ["--endpoints", ",".join(eps), "--trainers", str(job.trainers), "--mode", job.mode]
+            how: dict[str, Any] = {"python": job.paddle, "worker": PADDLE_WORKER} if job.paddle else {}
             for i, ep in enumerate(eps):
-                procs.start(f"pserver{i}", "pserver", "--endpoint", ep, *dist, *common)
+                procs.start(f"pserver{i}", "pserver", "--endpoint", ep, *dist, *common, **how)
             for t in range(job.trainers):
                 outs.append(jobdir / f"trainer{t}.json")
-                procs.start(f"trainer{t}", "trainer", "--trainer-id", str(t), "--out", str(outs[-1]), *dist, *common)
-        procs.wait_all(args.job_timeout)
+                procs.start(f"trainer{t}", "trainer", "--trainer-id", str(t), "--out", str(outs[-1]), *dist, *common,
+                            **how)
+        cpu.start()
+        # Paddle's pservers outlive their trainers: the job ends with its trainers (the rest is killed).
+        procs.wait_all(args.job_timeout, only="trainer" if job.paddle else "")
     finally:
         procs.kill()
     results = [json.loads(p.read_text()) for p in outs]
-    return summarise(job, results)
+    row = summarise(job, results)
+    row["cpu_s"] = cpu.seconds
+    row["cpu_s_by_process"] = cpu.by_process
+    row["cpu_ms_per_kex"] = cpu.seconds / (sum(r["examples"] for r in results) / 1e3) * 1e3 if cpu.seconds else None
+    return row
+
+
+class CPUWindow(threading.Thread):
+    """Samples the CPU time (user + system, from /proc) of every process of a job when all its trainers
+    have passed the start gate and again when all are done: ``seconds`` is what the whole job (pservers
+    included) spent on the timed steps. None where /proc is unavailable or the gate was not reached."""
+
+    def __init__(self, procs: "Procs", gate: pathlib.Path, count: int, timeout: float) -> None:
+        super().__init__(daemon=True)
+        self.procs, self.gate, self.count, self.timeout = procs, gate, count, timeout
+        self.seconds: float | None = None
+        self.by_process: dict[str, float] = {}
+
+    def _wait_for(self, prefix: str, end: float) -> bool:
+        while len(list(self.gate.glob(prefix + ".*"))) < self.count:
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.002)
+        return True
+
+    @staticmethod
+    def _cpu(proc: subprocess.Popen[bytes]) -> float | None:
+        try:
+            fields = pathlib.Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def run(self) -> None:
+        end = time.monotonic() + self.timeout
+        if not self._wait_for("ready", end):
+            return
+        procs = {("trainer0" if tag == "local" else tag): proc for tag, proc, _ in list(self.procs.running)}
+        first = {tag: self._cpu(proc) for tag, proc in procs.items()}
+        last: dict[str, float | None] = {}
+        while len(last) < len(procs) and time.monotonic() < end:
+            done = {p.name.partition(".")[2] for p in self.gate.glob("done.*")}
+            for tag in done - set(last):  # a trainer's own window ends when it is done
+                last[tag] = self._cpu(procs[tag])
+            if len(done) >= self.count:  # the pservers' ends with the last trainer's
+                for tag in set(procs) - set(last):
+                    last[tag] = self._cpu(procs[tag])
+            time.sleep(0.002)
+        spent = [(last.get(tag), first[tag]) for tag in procs]
+        if all(a is not None and b is not None for a, b in spent):
+            self.by_process = {tag: last[tag] - first[tag] for tag in procs}  # type: ignore[operator]
+            self.seconds = sum(self.by_process.values())
 
 
 def summarise(job: Job, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -274,11 +343,12 @@ def summarise(job: Job, results: list[dict[str, Any]]) -> dict[str, Any]:
     steps = sum(r["steps"] for r in results)
     row: dict[str, Any] = {
         "job": job.name, "pservers": job.pservers, "trainers": job.trainers, "mode": job.mode,
+        "paddle": bool(job.paddle),
         "per_trainer": statistics.mean(r["examples_per_s"] for r in results), "total": examples / window,
         "loss_first": statistics.mean(float(np.mean(r["losses"][:5])) for r in results),
         "loss_last": statistics.mean(float(np.mean(r["losses"][-5:])) for r in results),
     }
-    if job.pservers:
+    if job.pservers and not job.paddle:
         by_method: dict[str, float] = {}
         for r in results:
             for method, nbytes in r["wire"]["bytes"].items():
@@ -309,25 +379,33 @@ def print_transport(tcp: dict[int, dict[str, float]], grpc_: dict[int, dict[str,
                   f"{'' if ratio >= TRANSPORT_TARGET else '  < target'}")
 
 
-def print_jobs(rows: list[dict[str, Any]], local: float) -> None:
+def print_jobs(rows: list[dict[str, Any]], local: float, paddle: str | None) -> None:
     print()
-    print(f"(b) CTR job, examples/s (reference: a widely used PS, async 1x2, ~{REFERENCE_PER_TRAINER:,.0f} per trainer)")
-    print(f"{'job':<16} {'per trainer':>12} {'total':>9} {'total/local':>12} {'per tr./ref':>12} {'loss first->last':>18}")
+    source = f"{paddle}'s PS measured in this run, same job" if paddle else (
+        f"Paddle's PS, async 1x2, {REFERENCE_PER_TRAINER:,.0f} per trainer: last measured ({PADDLE_LAST_MEASURED}), "
+        "NOT in this run (--vs-paddle runs it)")
+    print(f"(b) CTR job, examples/s; ref: {source}")
+    print("    CPU ms/1k ex: CPU time of every process of the job (pservers included) over the timed steps, per "
+          "1,000 examples")
+    print(f"{'job':<20} {'per trainer':>12} {'total':>9} {'total/local':>12} {'per tr./ref':>12} {'CPU ms/1k ex':>13} "
+          f"{'loss first->last':>18}")
     for r in rows:
-        print(f"{r['job']:<16} {r['per_trainer']:12,.0f} {r['total']:9,.0f} {r['total'] / local:12.2f} "
-              f"{r['per_trainer'] / REFERENCE_PER_TRAINER:12.2f} {r['loss_first']:8.4f} -> {r['loss_last']:.4f}")
+        cpu = f"{r['cpu_ms_per_kex']:13.1f}" if r.get("cpu_ms_per_kex") else f"{'-':>13}"
+        ref = f"{r['per_trainer'] / reference(rows, r['job'])[0]:12.2f}" if r["pservers"] and not r.get("paddle") \
+            else f"{'-':>12}"
+        print(f"{r['job']:<20} {r['per_trainer']:12,.0f} {r['total']:9,.0f} {r['total'] / local:12.2f} "
+              f"{ref} {cpu} {r['loss_first']:8.4f} -> {r['loss_last']:.4f}")
     print()
     print("(c) bytes on the wire per trainer step (requests + replies), KB = 1e3 bytes")
-    print(f"{'job':<16} {'send':>8} {'get':>8} {'prefetch':>9} {'other':>6} {'total':>8} {'minimum':>8} "
+    print(f"{'job':<20} {'send':>8} {'get':>8} {'prefetch':>9} {'other':>6} {'total':>8} {'minimum':>8} "
           f"{'tot/min':>8} {'grad rows':>10} {'unique':>7} {'rows/uniq':>10} {'sparse/min':>11}")
     for r in rows:
         w = r.get("wire")
         if not w:
             continue
         m = w["by_method"]
-        other = w["bytes_per_step"] - m.get("SendVariable", 0) - m.get("GetVariable", 0) - m.get("PrefetchVariable", 0)
-        print(f"{r['job']:<16} {m.get('SendVariable', 0) / 1e3:8.0f} {m.get('GetVariable', 0) / 1e3:8.0f} "
-              f"{m.get('PrefetchVariable', 0) / 1e3:9.0f} {other / 1e3:6.1f} {w['bytes_per_step'] / 1e3:8.0f} "
+        print(f"{r['job']:<20} {m.get('send', 0) / 1e3:8.0f} {m.get('get', 0) / 1e3:8.0f} "
+              f"{m.get('prefetch', 0) / 1e3:9.0f} {m.get('other', 0) / 1e3:6.1f} {w['bytes_per_step'] / 1e3:8.0f} "
               f"{w['min_bytes_per_step'] / 1e3:8.0f} {w['bytes_per_step'] / w['min_bytes_per_step']:8.2f} "
               f"{w['sparse_rows_per_step']:10.0f} {w['unique_ids_per_step']:7.0f} "
               f"{w['sparse_rows_per_step'] / w['unique_ids_per_step']:10.2f} "
@@ -335,23 +413,31 @@ def print_jobs(rows: list[dict[str, Any]], local: float) -> None:
 
 
 def print_summary(tcp: dict[int, dict[str, float]], grpc_: dict[int, dict[str, float]], rows: list[dict[str, Any]],
-                  local: float) -> None:
+                  local: float, paddle: str | None) -> None:
+    """Each goal of the PS speed work, its figure, its baseline and the ratio."""
     print()
-    print("summary")
-    if tcp:
-        worst = min((grpc_[m][d] / tcp[m][d], m, d) for m in tcp for d in ("send", "get"))
-        print(f"  transport: worst gRPC/raw TCP ratio {worst[0]:.2f} ({worst[1]} MiB {worst[2]}); target >= "
-              f"{TRANSPORT_TARGET} {'met' if worst[0] >= TRANSPORT_TARGET else 'MISSED'}")
+    print("summary (goal: figure / baseline = ratio, target)")
+
+    def goal(what: str, ratio: float, target: float, detail: str) -> None:
+        print(f"  {what:<44} {detail} = {ratio:5.2f}  target >= {target:g}  {'met' if ratio >= target else 'MISSED'}")
+
+    for m in tcp:
+        for d in ("send", "get"):
+            goal(f"transport {m} MiB {d}, gRPC / raw TCP", grpc_[m][d] / tcp[m][d], TRANSPORT_TARGET,
+                 f"{grpc_[m][d]:.2f} / {tcp[m][d]:.2f} GB/s")
     for r in rows:
-        if not r["pservers"]:
+        if not r["pservers"] or r.get("paddle") or "+" in r["job"]:
             continue
-        line = (f"  {r['job']}: {r['total'] / local:.2f}x single-process total, "
-                f"{r['per_trainer'] / REFERENCE_PER_TRAINER:.2f}x the reference per trainer")
+        ref, source = reference(rows, r["job"])
+        if r["job"] == "1x2 async":
+            goal("1x2 async per trainer / Paddle's PS", r["per_trainer"] / ref, PADDLE_TARGET,
+                 f"{r['per_trainer']:,.0f} / {ref:,.0f} ({source})")
+        if r["pservers"] == 1 and r["trainers"] == 2:
+            goal(f"{r['job']} whole job / single-process", r["total"] / local, JOB_TARGET,
+                 f"{r['total']:,.0f} / {local:,.0f} ex/s")
         w = r["wire"]
-        line += (f"; wire {w['bytes_per_step'] / w['min_bytes_per_step']:.2f}x minimum, sparse grad rows "
-                 f"{w['sparse_rows_per_step'] / w['unique_ids_per_step']:.2f}x touched rows")
-        print(line)
-    print(f"  single-process baseline: {local:,.0f} examples/s")
+        print(f"  {r['job']}: wire {w['bytes_per_step'] / w['min_bytes_per_step']:.2f}x the minimum bytes, sparse "
+              f"gradient rows {w['sparse_rows_per_step'] / w['unique_ids_per_step']:.2f}x the touched rows")
 
 
 # --- main -----------------------------------------------------------------------------------------------
@@ -387,6 +473,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds a job's processes may take")
     ap.add_argument("--hugetlb", action="store_true", help="run the children with GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
     ap.add_argument("--json", default="", help="also write the figures as JSON to this path")
+    ap.add_argument("--vs-paddle", action="store_true",
+                    help="after each PS job, run Paddle's own PS on the same job (bench/paddle_ps_worker.py) with "
+                         "--paddle-python; without paddlepaddle there, print the last figure measured here")
+    ap.add_argument("--paddle-python", default=sys.executable,
+                    help="an interpreter with paddlepaddle 2.6.2 (a bench-only extra, e.g. a separate venv)")
     ap.add_argument("--trust", action="store_true",
                     help="also run every PS job with a job token and print the ratios to the plain run")
     args = ap.parse_args(argv)
@@ -418,6 +509,25 @@ def trust_variants(args: argparse.Namespace, env: dict[str, str]) -> list[tuple[
     return out
 
 
+def paddle_version(python: str) -> str | None:
+    """``Paddle <version>`` if ``python`` imports paddle (bounded wait), else None."""
+    try:
+        done = subprocess.run([python, "-c", "import paddle; print(paddle.__version__)"], capture_output=True,
+                              text=True, timeout=180)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return f"Paddle {done.stdout.strip()}" if done.returncode == 0 else None
+
+
+def reference(rows: list[dict[str, Any]], job: str) -> tuple[float, str]:
+    """Paddle's per-trainer examples/s on ``job`` measured in this run, else the last figure measured on
+    this machine (async 1x2), and where it comes from."""
+    for r in rows:
+        if r["job"] == f"paddle {job}":
+            return r["per_trainer"], "this run"
+    return REFERENCE_PER_TRAINER, "last measured, not this run"
+
+
 def print_trust(rows: list[dict[str, Any]]) -> None:
     plain = {r["job"]: r for r in rows if "+" not in r["job"]}
     lines = []
@@ -440,6 +550,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     jobs = [Job("single-process", 0, 1, "local")] + [parse_job(j) for j in args.jobs]
     env = child_env(args)
     variants = trust_variants(args, env)
+    paddle = paddle_version(args.paddle_python) if args.vs_paddle else None
     load_before = os.getloadavg()
     note = " (--quick: a smoke run; its figures are not comparable with a full run)" if args.quick else ""
     print(f"ps_bench: {os.cpu_count()} cores; table {args.table_rows:,} x 16, batch {args.batch_size}, "
@@ -464,17 +575,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 rows.append(run_job(named, args, job_env, tmp))
                 print(f"{named.name}: {rows[-1]['per_trainer']:,.0f} examples/s per trainer, "
                       f"{rows[-1]['total']:,.0f} total ({time.perf_counter() - start:.1f}s with start-up)", flush=True)
+            if job.pservers and paddle:
+                theirs = Job(f"paddle {job.name}", job.pservers, job.trainers, job.mode, paddle=args.paddle_python)
+                rows.append(run_job(theirs, args, variants[0][1], tmp))
+                print(f"{theirs.name} ({paddle}): {rows[-1]['per_trainer']:,.0f} examples/s per trainer", flush=True)
     local = rows[0]["total"]
     if tcp:
         print_transport(tcp, grpc_)
-    print_jobs(rows, local)
+    print_jobs(rows, local, paddle)
     print_trust(rows)
-    print_summary(tcp, grpc_, rows, local)
+    print_summary(tcp, grpc_, rows, local, paddle)
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min): {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f} before, "
           f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} after{note}")
     result = {"transport": {"tcp": tcp, "grpc": grpc_}, "jobs": rows, "local_examples_per_s": local,
-              "reference_per_trainer": REFERENCE_PER_TRAINER,
+              "reference_per_trainer": REFERENCE_PER_TRAINER, "paddle": paddle,
               "load_average": {"before": load_before, "after": load_after},
               "config": {k: v for k, v in vars(args).items() if k != "json"}}
     if args.json:

@@ -32,6 +32,7 @@ import pathlib
 import socket
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -42,6 +43,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import ir  # noqa: E402
+from bench.ctr_data import EMB_DIM, HIDDEN, LEARNING_RATE, NUM_DENSE, NUM_SLOTS, TABLE, make_batches  # noqa: E402
 from ir import layers, optimizer  # noqa: E402
 from ir.core import Program  # noqa: E402
 from ir.errors import FlotillaError  # noqa: E402
@@ -49,15 +51,8 @@ from ir.initializer import Uniform  # noqa: E402
 from ir.names import unique_name  # noqa: E402
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig  # noqa: E402
 
-NUM_DENSE = 13
-NUM_SLOTS = 26
-EMB_DIM = 16
-HIDDEN = (400, 400, 400)
-TABLE = "shared_embedding"
-LEARNING_RATE = 0.01
 ROW_WIDTH = 1024
 HEADER = struct.Struct("<cQ")
-LABEL_SEED = 12345
 
 
 class WorkerError(FlotillaError):
@@ -96,26 +91,6 @@ def build_ctr(table_rows: int, is_distributed: bool) -> CTRJob:
     dense_params = {v.name: tuple(v.shape) for v in main.global_block().vars.values()
                     if isinstance(v, ir.Parameter) and v.trainable and v.name != TABLE}
     return CTRJob(main, startup, loss.name, dense_params)
-
-
-def make_batches(seed: int, count: int, batch_size: int, table_rows: int, id_dist: str) -> list[dict[str, np.ndarray]]:
-    """``count`` synthetic batches. Ids are uniform over the table or Zipf-skewed (``id_dist``); the label
-    is 1 where a fixed random linear function of the dense features and of a per-id weight is positive."""
-    rule = np.random.default_rng(LABEL_SEED)
-    w_dense = rule.standard_normal(NUM_DENSE).astype(np.float32)
-    w_id = rule.standard_normal(table_rows).astype(np.float32)
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(count):
-        dense = rng.random((batch_size, NUM_DENSE), dtype=np.float32)
-        if id_dist == "uniform":
-            ids = rng.integers(0, table_rows, size=(batch_size, NUM_SLOTS), dtype=np.int64)
-        else:
-            ids = (rng.zipf(1.2, size=(batch_size, NUM_SLOTS)) - 1).astype(np.int64) % table_rows
-        logit = (dense - 0.5) @ w_dense + w_id[ids].sum(axis=1) / np.sqrt(NUM_SLOTS)
-        out.append({"dense_input": dense, "sparse_input": ids,
-                    "label": (logit > 0).astype(np.int64).reshape(-1, 1)})
-    return out
 
 
 def transpile(program: Program, startup: Program, trainer_id: int, endpoints: str, trainers: int, sync: bool,
@@ -215,36 +190,48 @@ def run_pserver(args: argparse.Namespace) -> None:
 
 
 class WireCounter:
-    """Wraps ``RPCClient._call`` in this process: bytes of every request and reply by method, and rows of
-    the selected-rows gradients sent."""
+    """Wraps ``RPCClient._call`` in this process: bytes of every request and reply by kind (``send``,
+    ``get``, ``prefetch``, ``other``; batched and single-variable calls alike), and rows of the
+    selected-rows gradients sent. Safe from the client's threads."""
+
+    KINDS = {"SendVariable": "send", "SendVariables": "send", "GetVariable": "get", "GetVariables": "get",
+             "PrefetchVariable": "prefetch"}
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
         self.bytes: dict[str, int] = {}
         self.calls: dict[str, int] = {}
         self.sparse_rows = 0
         self.sparse_bytes = 0
 
-    def reset(self) -> None:
-        self.bytes, self.calls, self.sparse_rows, self.sparse_bytes = {}, {}, 0, 0
-
     def install(self) -> None:
         from runtime.rpc import client as client_mod
         from runtime.rpc import send_recv_pb2 as pb
-        from runtime.rpc.wire import decode_variable
+        from runtime.rpc.wire import decode_batch, decode_variable
 
         original: Callable[..., bytes] = client_mod.RPCClient._call
         counter = self
 
         def counted(self: Any, endpoint: str, method: str, request: bytes, what: str) -> bytes:
             reply = original(self, endpoint, method, request, what)
-            size = len(request) + len(reply)
-            counter.bytes[method] = counter.bytes.get(method, 0) + size
-            counter.calls[method] = counter.calls.get(method, 0) + 1
+            kind = WireCounter.KINDS.get(method, "other")
+            sent = []
             if method == "SendVariable":
-                header = decode_variable(request).header
-                if header.type == pb.SELECTED_ROWS:
-                    counter.sparse_rows += int(header.dims[0])
-                    counter.sparse_bytes += size
+                sent = [(decode_variable(request).header, len(request) + len(reply))]
+            elif method == "SendVariables":
+                # an entry's size: its header, its raw rows and data, and their tags and lengths
+                sent = [(d.header, d.header.ByteSize() + d.value.rows.nbytes + d.value.values.nbytes + 12)
+                        for d in decode_batch(request) if d.header.type == pb.SELECTED_ROWS]
+            with counter.lock:
+                counter.bytes[kind] = counter.bytes.get(kind, 0) + len(request) + len(reply)
+                counter.calls[kind] = counter.calls.get(kind, 0) + 1
+                for header, size in sent:
+                    if header.type == pb.SELECTED_ROWS:
+                        counter.sparse_rows += int(header.dims[0])
+                        counter.sparse_bytes += size
             return reply
 
         client_mod.RPCClient._call = counted  # type: ignore[method-assign]
@@ -273,11 +260,14 @@ def _train(args: argparse.Namespace, distributed: bool) -> dict[str, Any]:
         (loss,) = exe.run(main, feed=batch, fetch_list=[job.loss], scope=scope)
         losses.append(float(np.asarray(loss).ravel()[0]))
     counter.reset()
-    start = time.time()
+    gate = Gate(args.gate, args.gate_count, f"trainer{trainer_id}", args.timeout)
+    gate.arrive()
+    start, cpu_start, main_start = time.time(), time.process_time(), time.thread_time()
     for batch in batches[args.warmup:]:
         (loss,) = exe.run(main, feed=batch, fetch_list=[job.loss], scope=scope)
         losses.append(float(np.asarray(loss).ravel()[0]))
-    end = time.time()
+    end, cpu_end, main_end = time.time(), time.process_time(), time.thread_time()
+    gate.leave()
     wire = {"bytes": dict(counter.bytes), "calls": dict(counter.calls), "sparse_rows": counter.sparse_rows,
             "sparse_bytes": counter.sparse_bytes}
     exe.close()
@@ -286,8 +276,35 @@ def _train(args: argparse.Namespace, distributed: bool) -> dict[str, Any]:
     dense_bytes = sum(int(np.prod(s)) * 4 for s in job.dense_params.values())
     return {"trainer_id": trainer_id, "steps": args.steps, "examples": args.steps * args.batch_size,
             "start": start, "end": end, "examples_per_s": args.steps * args.batch_size / (end - start),
+            "cpu_s": cpu_end - cpu_start, "cpu_main_thread_s": main_end - main_start,
             "losses": losses, "unique_ids_per_step": float(np.mean(unique)),
             "ids_per_step": args.batch_size * NUM_SLOTS, "dense_param_bytes": dense_bytes, "wire": wire}
+
+
+class Gate:
+    """Lines the trainers of a job up so their timed windows coincide: each writes ``ready.<tag>`` into
+    ``directory`` after its warm-up and waits (at most ``timeout`` seconds) until ``count`` have, and
+    writes ``done.<tag>`` after its timed steps (``ps_bench.py`` samples the job's CPU time between
+    the two). No directory: no gate."""
+
+    def __init__(self, directory: str, count: int, tag: str, timeout: float) -> None:
+        self.dir = pathlib.Path(directory) if directory else None
+        self.count, self.tag, self.timeout = count, tag, timeout
+
+    def arrive(self) -> None:
+        if self.dir is None:
+            return
+        (self.dir / f"ready.{self.tag}").touch()
+        end = time.monotonic() + self.timeout
+        while len(list(self.dir.glob("ready.*"))) < self.count:
+            if time.monotonic() > end:
+                raise FlotillaError(f"{self.tag}: the other trainers did not finish warming up within "
+                                    f"{self.timeout:g}s")
+            time.sleep(0.002)
+
+    def leave(self) -> None:
+        if self.dir is not None:
+            (self.dir / f"done.{self.tag}").touch()
 
 
 def run_trainer(args: argparse.Namespace) -> None:
@@ -319,7 +336,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--id-dist", choices=("zipf", "uniform"), default="zipf")
     ap.add_argument("--sizes-mib", type=lambda s: [int(x) for x in s.split(",")], default=[4, 64])
     ap.add_argument("--buffer-mib", type=int, default=64)
-    ap.add_argument("--timeout", type=float, default=120.0, help="tcp-sink: seconds to wait for the client")
+    ap.add_argument("--timeout", type=float, default=120.0,
+                    help="tcp-sink: seconds to wait for the client; trainer: seconds to wait at the gate")
+    ap.add_argument("--gate", default="", help="trainer/local: directory of the start gate (see Gate)")
+    ap.add_argument("--gate-count", type=int, default=1, help="trainers that pass the gate")
     args = ap.parse_args(argv)
     if args.role in ("trainer", "local") and not args.out:
         raise WorkerError(f"role {args.role} needs --out", hint="ps_bench.py passes a file in its temp dir")

@@ -8,6 +8,11 @@ hot path), validated, and handed on in explicit objects.
 ``FLAGS_pserver_allow_rejoin``  1: a restarted trainer (same id, new incarnation) rejoins at the next step
                                 boundary; 0: it is refused (FAILED_PRECONDITION) (1)
 ``FLAGS_pserver_check_finite``  1: a pserver refuses gradients holding NaN or Inf; 0: no check (1)
+``FLAGS_communicator_max_staleness``  async mode: how many steps a trainer's parameters may lag its own
+                                sends (1). Each step's sends and the next parameter pull run in the
+                                background while the trainer computes; at step s the parameters reflect
+                                the trainer's gradients of every step up to s - 1 - K. 0: block on every
+                                step's sends and pull, as in sync mode (see runtime.rpc.client)
 
 Trust (``rpc_security``):
 
@@ -36,7 +41,9 @@ from typing import Mapping
 
 from ir.errors import FlotillaError
 
-DEFAULTS = {"FLAGS_rpc_deadline": 180_000, "FLAGS_rpc_retry_times": 3, "FLAGS_pserver_timeout_ms": 120_000}
+DEFAULTS = {"FLAGS_rpc_deadline": 180_000, "FLAGS_rpc_retry_times": 3, "FLAGS_pserver_timeout_ms": 120_000,
+            "FLAGS_communicator_max_staleness": 1}
+MINIMUMS = {"FLAGS_communicator_max_staleness": 0}  # every other integer flag is at least 1
 BOOL_DEFAULTS = {"FLAGS_pserver_allow_rejoin": True, "FLAGS_pserver_check_finite": True}
 
 TOKEN_ENV = "FLOTILLA_JOB_TOKEN"
@@ -52,7 +59,8 @@ class FlagError(FlotillaError):
 
 
 def flag(name: str, environ: Mapping[str, str] | None = None) -> int:
-    """The positive integer value of flag ``name`` (its default when unset)."""
+    """The integer value of flag ``name`` (its default when unset), at least its minimum (1 unless
+    ``MINIMUMS`` says otherwise)."""
     env = os.environ if environ is None else environ
     raw = env.get(name)
     if raw is None or raw == "":
@@ -61,8 +69,9 @@ def flag(name: str, environ: Mapping[str, str] | None = None) -> int:
         value = int(raw)
     except ValueError:
         raise FlagError(f"{name}={raw!r} is not an integer", hint=f"unset it for the default {DEFAULTS[name]}") from None
-    if value < 1:
-        raise FlagError(f"{name}={value} must be at least 1", hint=f"unset it for the default {DEFAULTS[name]}")
+    least = MINIMUMS.get(name, 1)
+    if value < least:
+        raise FlagError(f"{name}={value} must be at least {least}", hint=f"unset it for the default {DEFAULTS[name]}")
     return value
 
 

@@ -1,9 +1,21 @@
 """The trainer's side of the protocol: one ``RPCClient`` per (Executor, trainer id).
 
-The RPC kernels (``runtime.kernels.rpc``) call it. Sends are asynchronous: ``send`` encodes and sends
-on a small thread pool and returns at once, so every gradient of a step is in flight while the
-backward pass goes on; anything that must see the sends (a barrier, a recv, a prefetch, Complete)
-first waits for them and raises the first send error.
+The RPC kernels (``runtime.kernels.rpc``) call it. One round trip per pserver per step: ``send`` only
+queues a gradient; ``flush`` (the send kernel calls it after the last send op of a run) puts the queue
+on the wire as one ``SendVariables`` request per pserver, every pserver at once, encoded and sent on a
+small thread pool; ``get`` fetches a step's parameter blocks as one ``GetVariables`` per pserver. Anything
+that must see the sends (a barrier, a recv, a prefetch, Complete) first waits for them and raises the
+first send error. A pserver's requests leave in the order they were flushed. A variable of
+``runtime.rpc.stream.STREAM_THRESHOLD`` bytes or more travels on its own as a stream of 1 MiB chunks
+(SendVariableStream; GetVariableStream once the client has seen its size), received into reused buffers.
+
+Async mode (``pull``): a trainer never waits for its own sends of the step. Step ``r``'s recv hands the
+step's sends to a background pull, which waits until they are acknowledged and then fetches every
+parameter block; the recv returns the newest pull that has finished, waiting only for pull ``r - K``
+(``K`` = ``FLAGS_communicator_max_staleness``, default 1). So the parameters a trainer computes step
+``s`` with reflect its own gradients of every step up to ``s - 1 - K`` (and whatever the pservers
+applied from other trainers before that pull began), and at most ``K + 1`` steps of its sends are in
+flight. ``K = 0`` blocks on every step's sends and fetch.
 
 Robustness: every call has a deadline (``FLAGS_rpc_deadline`` ms, read when the client is made);
 calls that failed UNAVAILABLE are retried with backoff up to ``FLAGS_rpc_retry_times`` attempts (every
@@ -22,12 +34,13 @@ has a certificate and key). Settings come from ``runtime.flags.rpc_security`` un
 """
 from __future__ import annotations
 
+import collections
 import secrets
 import threading
 import time
 import weakref
 from concurrent import futures
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 
@@ -35,7 +48,8 @@ from ir.errors import FlotillaError
 from runtime.flags import RPCSecurity, flag, rpc_security
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.server import SERVICE, grpc_options
-from runtime.rpc.wire import decode_variable, encode_variable
+from runtime.rpc.stream import STREAM_THRESHOLD, ReceiveBuffers, get_chunked, send_chunked
+from runtime.rpc.wire import decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
 
 DEFAULT_MAX_MESSAGE = 1 << 30
 _RETRY_BACKOFF = (0.1, 0.3, 1.0)
@@ -79,7 +93,12 @@ class _Endpoint:
 
         self.calls = {name: method(name) for name in ("SendVariable", "GetVariable", "PrefetchVariable", "Barrier",
                                                       "Complete", "CheckpointNotify", "Health",
-                                                      "Announce")}
+                                                      "Announce", "SendVariables", "GetVariables")}
+        self.calls["SendVariableStream"] = self.channel.stream_unary(
+            f"/{SERVICE}/SendVariableStream", request_serializer=_identity, response_deserializer=_identity)
+        self.calls["GetVariableStream"] = self.channel.unary_stream(
+            f"/{SERVICE}/GetVariableStream", request_serializer=_identity, response_deserializer=_identity)
+        self.last_send: futures.Future[None] | None = None  # requests to one pserver leave in order
 
 
 class RPCClient:
@@ -94,11 +113,10 @@ class RPCClient:
         self.incarnation = incarnation if incarnation is not None else secrets.randbits(63) | 1
         self._joined = False
         self.announced_programs: set[tuple[int, int]] = set()
-        # The recv kernel's batching (runtime.kernels.rpc.recv): per program (weakly: a dead program's ids
-        # must never match a new one's), per (version, block index), the runs of consecutive recv ops; and
-        # the recv ops whose blocks the run's first one fetched.
-        self.recv_runs: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], dict[int, list[Any]]]]" = (
-            weakref.WeakKeyDictionary())
+        # The kernels' batching (runtime.kernels.rpc): per program (weakly: a dead program's ids must
+        # never match a new one's), per (version, block index), each network op's run of consecutive ops.
+        # ``recv_ahead``: the recv ops whose blocks their run's first op fetched.
+        self.op_runs: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], Any]]" = weakref.WeakKeyDictionary()
         self.recv_ahead: set[int] = set()
         self.deadline = deadline if deadline is not None else flag("FLAGS_rpc_deadline") / 1000.0
         self.retries = retries if retries is not None else flag("FLAGS_rpc_retry_times")
@@ -107,8 +125,14 @@ class RPCClient:
         self._barrier_sent = False
         self._endpoints: dict[str, _Endpoint] = {}
         self._seq: dict[str, int] = {}
+        self._outbox: dict[str, list[tuple[str, Any, int, int]]] = {}  # endpoint -> (name, value, seq, step)
         self._pending: list[futures.Future[None]] = []
+        self._pulls: dict[Any, collections.deque[tuple[int, futures.Future[list[Any]]]]] = {}
+        self._round = 0
+        self._sizes: dict[str, int] = {}  # bytes of each variable fetched so far: large ones are streamed
+        self._buffers = ReceiveBuffers()
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"trainer{trainer_id}-rpc")
+        self._puller = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"trainer{trainer_id}-pull")
         self._lock = threading.Lock()
         self._closed = False
 
@@ -169,6 +193,13 @@ class RPCClient:
             self._endpoints[ep].announced = True
 
     def _call(self, endpoint: str, method: str, request: bytes, what: str) -> bytes:
+        """One unary call, retried (see the module docstring); the reply bytes."""
+        return self._retried(endpoint, method, what, lambda call, timeout: call(request, timeout=timeout,
+                                                                                metadata=self._metadata))
+
+    def _retried(self, endpoint: str, method: str, what: str, invoke: Callable[[Any, float], Any]) -> Any:
+        """``invoke(callable, timeout)`` for ``method`` on ``endpoint``, retried with backoff while it
+        fails UNAVAILABLE and time and attempts are left; other failures raise RPCError."""
         ep = self._endpoint(endpoint)
         if not ep.ready:
             self.wait_ready([endpoint])
@@ -179,7 +210,7 @@ class RPCClient:
         while True:
             attempt += 1
             try:
-                return ep.calls[method](request, timeout=max(0.001, end - time.monotonic()), metadata=self._metadata)
+                return invoke(ep.calls[method], max(0.001, end - time.monotonic()))
             except grpc.RpcError as e:
                 code = e.code()
                 if code == grpc.StatusCode.UNAVAILABLE and attempt < self.retries and time.monotonic() < end:
@@ -201,38 +232,126 @@ class RPCClient:
 
     # --- the operations the kernels need
     def send(self, endpoint: str, name: str, value: Any) -> None:
-        """Send ``value`` as ``name`` without waiting (see ``wait_sends``)."""
+        """Queue ``value`` to be sent as ``name`` at the next ``flush``."""
         self._check_open()
         if not self._endpoint(endpoint).announced:
             self.announce([endpoint])
+        queue = self._outbox.setdefault(endpoint, [])
+        if any(entry[0] == name for entry in queue):
+            self.flush()  # a second value of the same variable goes in a later request
+            queue = self._outbox.setdefault(endpoint, [])
         seq = self._seq[name] = self._seq.get(name, 0) + 1
-        step = self.step
+        queue.append((name, value, seq, self.step))
 
-        def job() -> None:
-            msg = encode_variable(name, value, trainer_id=self.trainer_id, step=step, seq=seq,
-                                  incarnation=self.incarnation)
-            self._call(endpoint, "SendVariable", msg, f"of {name!r}")
+    def flush(self) -> None:
+        """Put every queued send on the wire without waiting: one request per pserver, all at once."""
+        outbox, self._outbox = self._outbox, {}
+        for endpoint, entries in outbox.items():
+            ep = self._endpoint(endpoint)
+            ep.last_send = self._pool.submit(self._send_entries, endpoint, entries, ep.last_send)
+            self._pending.append(ep.last_send)
 
-        self._pending.append(self._pool.submit(job))
+    def _send_entries(self, endpoint: str, entries: list[tuple[str, Any, int, int]],
+                      before: futures.Future[None] | None) -> None:
+        """Send one pserver's queued gradients: those of at least ``STREAM_THRESHOLD`` bytes each as a
+        chunked stream, the rest as one SendVariables (or SendVariable when alone)."""
+        small: list[tuple[str, tuple[list[Any], int]]] = []
+        large: list[tuple[str, tuple[list[Any], int]]] = []
+        for name, value, seq, step in entries:
+            msg = encode_parts(name, value, trainer_id=self.trainer_id, step=step, seq=seq,
+                               incarnation=self.incarnation)
+            (large if msg[1] >= STREAM_THRESHOLD else small).append((name, msg))
+        if before is not None:
+            futures.wait([before])  # its error, if any, is reported by whoever waits for it
+        for name, (parts, total) in large:
+            self._retried(endpoint, "SendVariableStream", f"of {name!r}",
+                          lambda call, timeout, parts=parts, total=total: send_chunked(
+                              call, parts, total, timeout, self._metadata))
+        if len(small) == 1:
+            name, (parts, _) = small[0]
+            self._call(endpoint, "SendVariable", b"".join(parts), f"of {name!r}")
+        elif small:
+            self._call(endpoint, "SendVariables", encode_batch([m for _, m in small]), f"of {[n for n, _ in small]}")
 
     def wait_sends(self) -> None:
+        self.flush()
         pending, self._pending = self._pending, []
-        errors = []
-        for f in pending:
-            try:
-                f.result()
-            except RPCError as e:
-                errors.append(e)
-        if errors:
-            raise errors[0]
+        _wait_all(pending)
 
     def get(self, requests: Sequence[tuple[str, str]]) -> list[Any]:
-        """The values of ``(endpoint, name)`` pairs, fetched concurrently."""
+        """The values of ``(endpoint, name)`` pairs after every send so far: one request per pserver,
+        every pserver at once."""
         self.wait_sends()
-        jobs = [(ep, "GetVariable", pb.VariableRequest(name=name, trainer_id=self.trainer_id,
-                                                        step=self.step).SerializeToString(), f"of {name!r}")
-                for ep, name in requests]
-        return [decode_variable(raw).value for raw in self._all(jobs)]
+        return self._get_now(requests)
+
+    def _get_now(self, requests: Sequence[tuple[str, str]]) -> list[Any]:
+        """Fetch now: per pserver one GetVariables (GetVariable when alone), and a chunked stream for each
+        variable this client has seen at ``STREAM_THRESHOLD`` bytes or more; every call in flight at once."""
+        by_endpoint: dict[str, list[int]] = {}
+        streamed: list[int] = []
+        for i, (ep, name) in enumerate(requests):
+            if self._sizes.get(name, 0) >= STREAM_THRESHOLD:
+                streamed.append(i)
+            else:
+                by_endpoint.setdefault(ep, []).append(i)
+        stream_jobs = [self._pool.submit(self._get_streamed, *requests[i]) for i in streamed]
+        jobs = []
+        for ep, idx in by_endpoint.items():
+            names = [requests[i][1] for i in idx]
+            if len(names) == 1:
+                req = pb.VariableRequest(name=names[0], trainer_id=self.trainer_id, step=self.step)
+                jobs.append((ep, "GetVariable", req.SerializeToString(), f"of {names[0]!r}"))
+            else:
+                req = pb.GetVariablesRequest(names=names, trainer_id=self.trainer_id, step=self.step)
+                jobs.append((ep, "GetVariables", req.SerializeToString(), f"of {names}"))
+        values: list[Any] = [None] * len(requests)
+        for (ep, idx), (_, method, _, what), raw in zip(by_endpoint.items(), jobs, self._all(jobs)):
+            decoded = [decode_variable(raw)] if method == "GetVariable" else decode_batch(raw)
+            names = [requests[i][1] for i in idx]
+            if [d.name for d in decoded] != names:
+                raise RPCError(f"trainer {self.trainer_id}: GetVariables {what} from pserver {ep} answered "
+                               f"{[d.name for d in decoded]}", hint="the pserver runs a different program version")
+            for i, d in zip(idx, decoded):
+                values[i] = d.value
+                self._sizes[d.name] = d.value.nbytes if hasattr(d.value, "nbytes") else 0
+        for i, fut in zip(streamed, stream_jobs):
+            values[i] = fut.result()
+        return values
+
+    def _get_streamed(self, endpoint: str, name: str) -> Any:
+        req = pb.VariableRequest(name=name, trainer_id=self.trainer_id, step=self.step).SerializeToString()
+        decoded = self._retried(endpoint, "GetVariableStream", f"of {name!r}",
+                                lambda call, timeout: get_chunked(call, req, self._buffers, timeout, self._metadata,
+                                                                  max_bytes=self.max_message))
+        if decoded.name != name:
+            raise RPCError(f"trainer {self.trainer_id}: GetVariableStream of {name!r} from pserver {endpoint} "
+                           f"answered {decoded.name!r}", hint="the pserver runs a different program version")
+        return decoded.value
+
+    def pull(self, key: Any, requests: Sequence[tuple[str, str]], max_staleness: int,
+             have_values: bool = True) -> list[Any] | None:
+        """Async mode: the values of ``requests`` for the next step, at most ``max_staleness`` steps behind
+        this trainer's own sends (see the module docstring), or None when no pull has finished and none
+        must have (``have_values``: the caller holds values recent enough); starts this step's pull in
+        the background. ``key`` names the recv run the requests belong to: each run has its own pulls."""
+        self.flush()
+        sends, self._pending = self._pending, []
+        self._round += 1
+        pulls = self._pulls.setdefault(key, collections.deque())
+        pulls.append((self._round, self._puller.submit(self._pull_after, sends, list(requests))))
+        newest = None
+        while pulls and (pulls[0][0] <= self._round - max_staleness or pulls[0][1].done()
+                         or newest is None and not have_values):
+            newest = pulls.popleft()[1].result()
+        return newest
+
+    def _pull_after(self, sends: list[futures.Future[None]], requests: list[tuple[str, str]]) -> list[Any]:
+        _wait_all(sends)
+        return self._get_now(requests)
+
+    def _drain_pulls(self) -> None:
+        pulls, self._pulls = self._pulls, {}
+        _wait_all([f for queue in pulls.values() for _, f in queue])
 
     def prefetch(self, requests: Sequence[tuple[str, str, Any, str]]) -> list[Any]:
         """Rows for ``(endpoint, ids_name, ids, table)`` requests, fetched concurrently."""
@@ -244,6 +363,7 @@ class RPCClient:
     def barrier(self, endpoints: Sequence[str], send: bool) -> None:
         """This trainer's SEND (``send``) or FETCH barrier of its current step on every endpoint."""
         self.wait_sends()
+        self._drain_pulls()
         kind = pb.SEND if send else pb.FETCH
         req = pb.BarrierRequest(trainer_id=self.trainer_id, step=self.step, kind=kind,
                                 incarnation=self.incarnation).SerializeToString()
@@ -269,12 +389,14 @@ class RPCClient:
             return
         try:
             self.wait_sends()
+            self._drain_pulls()
             req = pb.CompleteRequest(trainer_id=self.trainer_id, incarnation=self.incarnation).SerializeToString()
             talked = [name for name, ep in self._endpoints.items() if ep.announced]
             self._all([(ep, "Complete", req, "") for ep in talked])
         finally:
             self._closed = True
             self._pool.shutdown(wait=False)
+            self._puller.shutdown(wait=False)
             for ep in self._endpoints.values():
                 ep.channel.close()
 
@@ -282,6 +404,18 @@ class RPCClient:
         if self._closed:
             raise RPCError(f"trainer {self.trainer_id}: this client was closed (Executor.close() sent Complete)",
                            hint="use a new Executor for more training")
+
+
+def _wait_all(pending: Sequence[futures.Future[Any]]) -> None:
+    """Wait for every future; raise the first RPCError among them."""
+    errors = []
+    for f in pending:
+        try:
+            f.result()
+        except RPCError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
 
 
 def client_for(executor: Any, trainer_id: int) -> RPCClient:

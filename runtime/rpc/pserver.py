@@ -159,6 +159,19 @@ class _Incarnation:
     seen_seq: dict[str, int] = field(default_factory=dict)  # variable -> last stored seq
 
 
+@dataclass(frozen=True)
+class _Send:
+    """A validated received gradient, not yet checked against the protocol state."""
+
+    trainer_id: int
+    name: str
+    var: Variable
+    seq: int
+    step: int
+    incarnation: int
+    value: Any
+
+
 @dataclass
 class _SyncState:
     step: int = 0
@@ -310,6 +323,32 @@ class PServer:
 
     def send(self, msg: Decoded) -> None:
         """Store (sync) or apply (async) one received gradient."""
+        self.send_batch([msg])
+
+    def send_batch(self, msgs: list[Decoded]) -> None:
+        """Store (sync) or apply (async) the gradients of one request, all or none: every message is
+        validated, and every sequence number checked, before any is stored (sync mode stores them under
+        one lock, so a step's barrier never sees half a batch). Async mode applies each in turn."""
+        if len({m.name for m in msgs}) != len(msgs):
+            names = [m.name for m in msgs]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise PServerError(Status.INVALID_ARGUMENT, f"a send batch names {twice} more than once",
+                               hint="a batch carries each variable once")
+        prepared = [self._prepare_send(m) for m in msgs]
+        with self._cv:
+            self._check_running()
+            accepted = [p for p in prepared if self._accept_send(p)]
+            if self.config.sync_mode:
+                for p in accepted:
+                    self._store_send(p)
+                return
+            for p in accepted:
+                self._trainers[p.trainer_id].seen_seq[p.name] = p.seq
+        for p in accepted:
+            self._apply_async(p.trainer_id, p.name, p.value)
+
+    def _prepare_send(self, msg: Decoded) -> "_Send":
+        """Validate one received gradient (no state is read or changed): the value to store."""
         t, name = msg.header.trainer_id, msg.name
         self._check_trainer(t, f"send of {name!r}")
         var = self._received.get(name)
@@ -340,49 +379,69 @@ class PServer:
             value = self._local_rows(name, value)
         if isinstance(value, SelectedRows):
             value = _pad_rows(value)
-        with self._cv:
-            self._check_running()
-            me = self._check_incarnation(t, msg.header.incarnation, f"send of {name!r}")
-            self._check_live(t, f"send of {name!r}")
-            last = me.seen_seq.get(name, 0)
-            if seq <= last:
-                return  # a retry of a send already stored
-            if self.config.sync_mode:
-                self._check_send_step(t, name, msg.header.step)
-            if seq != last + 1:
-                raise PServerError(Status.FAILED_PRECONDITION,
-                                   f"send of {name!r} from trainer {t}: seq {seq} skips ahead; the next is "
-                                   f"{last + 1} (a seq up to {last} is a retry)",
-                                   hint="sequence numbers of a trainer incarnation advance by one per variable")
-            if self.config.sync_mode:
-                self.scope.set_var(name, value)
-                me.seen_seq[name] = seq
-                if var.trainer_id is not None:
-                    self._fresh.setdefault(msg.header.step, set()).add(name)
-                return
-            me.seen_seq[name] = seq
-        self._apply_async(t, name, value)
+        return _Send(t, name, var, seq, msg.header.step, msg.header.incarnation, value)
+
+    def _accept_send(self, p: "_Send") -> bool:
+        """Check a prepared send against the protocol state (lock held): False for a retry already
+        stored, PServerError for one that must be refused; changes nothing."""
+        what = f"send of {p.name!r}"
+        me = self._check_incarnation(p.trainer_id, p.incarnation, what)
+        self._check_live(p.trainer_id, what)
+        last = me.seen_seq.get(p.name, 0)
+        if p.seq <= last:
+            return False  # a retry of a send already stored
+        if self.config.sync_mode:
+            self._check_send_step(p.trainer_id, p.name, p.step)
+        if p.seq != last + 1:
+            raise PServerError(Status.FAILED_PRECONDITION,
+                               f"send of {p.name!r} from trainer {p.trainer_id}: seq {p.seq} skips ahead; the next "
+                               f"is {last + 1} (a seq up to {last} is a retry)",
+                               hint="sequence numbers of a trainer incarnation advance by one per variable")
+        return True
+
+    def _store_send(self, p: "_Send") -> None:
+        """Keep an accepted sync-mode gradient for its step's optimize (lock held)."""
+        self.scope.set_var(p.name, p.value)
+        self._trainers[p.trainer_id].seen_seq[p.name] = p.seq
+        if p.var.trainer_id is not None:
+            self._fresh.setdefault(p.step, set()).add(p.name)
 
     def get(self, trainer_id: int, name: str) -> bytes:
         """The wire bytes of variable ``name`` (a parameter slice or any persistable of block 0)."""
-        self._check_trainer(trainer_id, f"get of {name!r}")
-        if name not in self._gettable:
-            raise PServerError(Status.NOT_FOUND, f"get of {name!r}: this pserver holds no such variable",
-                               hint=suggest(name, sorted(self._gettable)) or
-                               "fetch each parameter from the endpoint its recv op's epmap names")
+        return self.get_many(trainer_id, [name])[0]
+
+    def get_many(self, trainer_id: int, names: list[str],
+                 encode: Callable[[str, Any], Any] = encode_variable) -> list[Any]:
+        """The wire bytes (``encode(name, value)``) of each variable of ``names``, in order; every name is
+        checked first."""
+        self._check_trainer(trainer_id, f"get of {names[0]!r}" if len(names) == 1 else f"get of {len(names)} "
+                            "variables")
+        for name in names:
+            if name not in self._gettable:
+                raise PServerError(Status.NOT_FOUND, f"get of {name!r}: this pserver holds no such variable",
+                                   hint=suggest(name, sorted(self._gettable)) or
+                                   "fetch each parameter from the endpoint its recv op's epmap names")
         if self.config.sync_mode:
             # Nothing changes a parameter between a trainer's SEND barrier and its next one, so the
-            # value is read under the state lock (never mid-optimize) and encoded outside it.
+            # values are read under the state lock (never mid-optimize) and encoded outside it.
             with self._cv:
                 self._check_running()
+                values = [self._value_of(name) for name in names]
+            return [encode(name, value) for name, value in zip(names, values)]
+        # Async: the next update of a variable donates its buffer, so encode (copy) under its lock.
+        out = []
+        for name in names:
+            with self._writer_lock.get(name) or _NO_LOCK:
                 value = self._value_of(name)
-            return encode_variable(name, value)
-        # Async: the next update of this variable donates its buffer, so encode (copy) under its lock.
-        with self._writer_lock.get(name) or _NO_LOCK:
-            value = self._value_of(name)
-            if self.config.dc_asgd:
-                self.scope.set_var(dc_asgd_backup_name(name, trainer_id), value)
-            return encode_variable(name, value)
+                if self.config.dc_asgd:
+                    self.scope.set_var(dc_asgd_backup_name(name, trainer_id), value)
+                out.append(encode(name, value))
+        return out
+
+    def get_encoded(self, trainer_id: int, name: str, encode: Callable[[str, Any], Any]) -> Any:
+        """``get`` of one variable with another encoder: ``encode(name, value)`` runs where ``get`` encodes,
+        under the same locks, and must copy the value (e.g. ``runtime.rpc.stream.encode_chunks``)."""
+        return self.get_many(trainer_id, [name], encode)[0]
 
     def _value_of(self, name: str) -> Any:
         value = self.scope.find_var(name)

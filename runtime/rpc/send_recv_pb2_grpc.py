@@ -74,6 +74,26 @@ class ParameterServerStub:
                 request_serializer=runtime_dot_rpc_dot_send__recv__pb2.AnnounceRequest.SerializeToString,
                 response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.AnnounceReply.FromString,
                 _registered_method=True)
+        self.SendVariables = channel.unary_unary(
+                '/flotilla.rpc.ParameterServer/SendVariables',
+                request_serializer=runtime_dot_rpc_dot_send__recv__pb2.VariableBatch.SerializeToString,
+                response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.Reply.FromString,
+                _registered_method=True)
+        self.GetVariables = channel.unary_unary(
+                '/flotilla.rpc.ParameterServer/GetVariables',
+                request_serializer=runtime_dot_rpc_dot_send__recv__pb2.GetVariablesRequest.SerializeToString,
+                response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.VariableBatch.FromString,
+                _registered_method=True)
+        self.SendVariableStream = channel.stream_unary(
+                '/flotilla.rpc.ParameterServer/SendVariableStream',
+                request_serializer=runtime_dot_rpc_dot_send__recv__pb2.Chunk.SerializeToString,
+                response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.Reply.FromString,
+                _registered_method=True)
+        self.GetVariableStream = channel.unary_stream(
+                '/flotilla.rpc.ParameterServer/GetVariableStream',
+                request_serializer=runtime_dot_rpc_dot_send__recv__pb2.VariableRequest.SerializeToString,
+                response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.Chunk.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -127,6 +147,30 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendVariables(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVariables(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendVariableStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVariableStream(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -169,6 +213,26 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Announce,
                     request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.AnnounceRequest.FromString,
                     response_serializer=runtime_dot_rpc_dot_send__recv__pb2.AnnounceReply.SerializeToString,
+            ),
+            'SendVariables': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendVariables,
+                    request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.VariableBatch.FromString,
+                    response_serializer=runtime_dot_rpc_dot_send__recv__pb2.Reply.SerializeToString,
+            ),
+            'GetVariables': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVariables,
+                    request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.GetVariablesRequest.FromString,
+                    response_serializer=runtime_dot_rpc_dot_send__recv__pb2.VariableBatch.SerializeToString,
+            ),
+            'SendVariableStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.SendVariableStream,
+                    request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.Chunk.FromString,
+                    response_serializer=runtime_dot_rpc_dot_send__recv__pb2.Reply.SerializeToString,
+            ),
+            'GetVariableStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetVariableStream,
+                    request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.VariableRequest.FromString,
+                    response_serializer=runtime_dot_rpc_dot_send__recv__pb2.Chunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -387,6 +451,114 @@ class ParameterServer:
             '/flotilla.rpc.ParameterServer/Announce',
             runtime_dot_rpc_dot_send__recv__pb2.AnnounceRequest.SerializeToString,
             runtime_dot_rpc_dot_send__recv__pb2.AnnounceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendVariables(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flotilla.rpc.ParameterServer/SendVariables',
+            runtime_dot_rpc_dot_send__recv__pb2.VariableBatch.SerializeToString,
+            runtime_dot_rpc_dot_send__recv__pb2.Reply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVariables(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flotilla.rpc.ParameterServer/GetVariables',
+            runtime_dot_rpc_dot_send__recv__pb2.GetVariablesRequest.SerializeToString,
+            runtime_dot_rpc_dot_send__recv__pb2.VariableBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendVariableStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/flotilla.rpc.ParameterServer/SendVariableStream',
+            runtime_dot_rpc_dot_send__recv__pb2.Chunk.SerializeToString,
+            runtime_dot_rpc_dot_send__recv__pb2.Reply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetVariableStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/flotilla.rpc.ParameterServer/GetVariableStream',
+            runtime_dot_rpc_dot_send__recv__pb2.VariableRequest.SerializeToString,
+            runtime_dot_rpc_dot_send__recv__pb2.Chunk.FromString,
             options,
             channel_credentials,
             insecure,

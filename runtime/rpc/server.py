@@ -3,7 +3,10 @@
 Every handler takes the raw request bytes (identity deserializer), decodes them itself and maps every
 problem to a status code, so a garbage request gets INVALID_ARGUMENT with a message instead of a
 generic INTERNAL, and the server keeps serving. Tensors go out as bytes already encoded by
-``runtime.rpc.wire`` (identity serializer): one copy of a parameter per response.
+``runtime.rpc.wire`` (identity serializer): one copy of a parameter per response. SendVariableStream and
+GetVariableStream move large variables as streams of Chunks (``runtime.rpc.stream``) under the same guard:
+the token is checked before any chunk is read, a stream's announced length is bounded by the same message
+limit as a unary call, and a truncated, over-long or garbage stream is INVALID_ARGUMENT.
 
 Server options: message limits from the largest variable the program moves (at least 4 MiB),
 ``grpc.so_reuseport`` off (binding a taken port fails instead of sharing it), no HTTP proxy, keepalive
@@ -18,9 +21,10 @@ signed by it (mutual TLS).
 """
 from __future__ import annotations
 
+import contextlib
 import hmac
 from concurrent import futures
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -28,7 +32,8 @@ from google.protobuf.message import DecodeError
 from runtime.flags import RPCSecurity
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
-from runtime.rpc.wire import WireError, decode_variable
+from runtime.rpc.stream import ReceiveBuffers, encode_chunks
+from runtime.rpc.wire import WireError, decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
 from runtime.scope import ExecutionError
 
 SERVICE = "flotilla.rpc.ParameterServer"
@@ -57,9 +62,11 @@ def _parse(message_cls: Any, raw: bytes) -> Any:
 class ParameterServerService:
     """The handlers; each returns response bytes or aborts the call with a status and a message."""
 
-    def __init__(self, pserver: PServer, token: str | None = None) -> None:
+    def __init__(self, pserver: PServer, token: str | None = None, max_message: int = MIN_MESSAGE) -> None:
         self.pserver = pserver
         self._expected = f"Bearer {token}".encode("utf-8") if token else None
+        self.max_message = max(MIN_MESSAGE, int(max_message))  # streams obey the unary calls' limit
+        self.buffers = ReceiveBuffers()
 
     def _authenticated(self, context: grpc.ServicerContext) -> bool:
         if self._expected is None:
@@ -71,21 +78,44 @@ class ParameterServerService:
                 break
         return hmac.compare_digest(got, self._expected)
 
-    def _guard(self, fn: Callable[[bytes], bytes]) -> Callable[[bytes, grpc.ServicerContext], bytes]:
-        def handler(raw: bytes, context: grpc.ServicerContext) -> bytes:
-            if not self._authenticated(context):
-                context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                              f"pserver {self.pserver.config.endpoint}: the call does not carry this job's token; "
-                              "nothing was done (hint: run every process of the job with the same "
-                              "FLOTILLA_JOB_TOKEN; flotilla launch sets it)")
-            try:
-                return fn(raw)
-            except PServerError as e:
-                context.abort(getattr(grpc.StatusCode, e.status.value), str(e))
-            except WireError as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-            except Exception as e:  # noqa: BLE001 - a bug must not take the server down
-                context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+    def _check_token(self, context: grpc.ServicerContext) -> None:
+        if not self._authenticated(context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                          f"pserver {self.pserver.config.endpoint}: the call does not carry this job's token; "
+                          "nothing was done (hint: run every process of the job with the same "
+                          "FLOTILLA_JOB_TOKEN; flotilla launch sets it)")
+
+    @contextlib.contextmanager
+    def _statuses(self, context: grpc.ServicerContext) -> Iterator[None]:
+        """Map what the body raises to the call's status (``context.abort`` raises)."""
+        try:
+            yield
+        except PServerError as e:
+            context.abort(getattr(grpc.StatusCode, e.status.value), str(e))
+        except WireError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except grpc.RpcError:  # a request stream broke off: the client cancelled or its deadline passed
+            context.abort(grpc.StatusCode.CANCELLED, "the request stream ended abnormally; nothing was done")
+        except Exception as e:  # noqa: BLE001 - a bug must not take the server down
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    def _guard(self, fn: Callable[[Any], Any], *,
+               stream_out: bool = False) -> Callable[[Any, grpc.ServicerContext], Any]:
+        """``fn`` (request bytes, or the request chunks of a client stream) as a gRPC handler: the token is
+        checked before the request is touched, errors become statuses. With ``stream_out`` ``fn`` returns
+        the response messages and the handler yields them, still under the guard."""
+        if stream_out:
+            def streaming(request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+                self._check_token(context)
+                with self._statuses(context):
+                    yield from fn(request)
+
+            return streaming
+
+        def handler(request: Any, context: grpc.ServicerContext) -> bytes:
+            self._check_token(context)
+            with self._statuses(context):
+                return fn(request)
             raise AssertionError("unreachable: context.abort raises")
 
         return handler
@@ -94,9 +124,35 @@ class ParameterServerService:
         self.pserver.send(decode_variable(raw))
         return _REPLY
 
+    def send_variables(self, raw: bytes) -> bytes:
+        msgs = decode_batch(raw)
+        if not msgs:
+            raise WireError("SendVariables carries no variable", hint="send at least one gradient in a batch")
+        self.pserver.send_batch(msgs)
+        return _REPLY
+
+    def get_variables(self, raw: bytes) -> bytes:
+        req = _parse(pb.GetVariablesRequest, raw)
+        if not req.names:
+            raise WireError("GetVariables names no variable", hint="list the parameter blocks to fetch")
+        # Sync mode: nothing changes a parameter before this trainer's FETCH barrier, so the batch is built
+        # from views (one copy); async: each value is copied under its writer's lock (see PServer.get_many).
+        encode = encode_parts if self.pserver.config.sync_mode else encode_variable
+        return encode_batch(self.pserver.get_many(req.trainer_id, list(req.names), encode))
+
     def get_variable(self, raw: bytes) -> bytes:
         req = _parse(pb.VariableRequest, raw)
         return self.pserver.get(req.trainer_id, req.name)
+
+    def send_variable_stream(self, chunks: Iterator[bytes]) -> bytes:
+        """SendVariable for a message streamed as Chunks (``runtime.rpc.stream``)."""
+        self.pserver.send(decode_variable(self.buffers.assemble(chunks, self.max_message)))
+        return _REPLY
+
+    def get_variable_stream(self, raw: bytes) -> list[bytes]:
+        """GetVariable answered as Chunks, all made (the value copied) under the pserver's read locks."""
+        req = _parse(pb.VariableRequest, raw)
+        return self.pserver.get_encoded(req.trainer_id, req.name, encode_chunks)
 
     def prefetch_variable(self, raw: bytes) -> bytes:
         return self.pserver.prefetch(decode_variable(raw))
@@ -134,9 +190,13 @@ class ParameterServerService:
     def generic_handler(self) -> grpc.GenericRpcHandler:
         methods = {"SendVariable": self.send_variable, "GetVariable": self.get_variable,
                    "PrefetchVariable": self.prefetch_variable, "Barrier": self.barrier, "Complete": self.complete,
-                   "CheckpointNotify": self.checkpoint_notify, "Health": self.health, "Announce": self.announce}
-        return grpc.method_handlers_generic_handler(
-            SERVICE, {name: grpc.unary_unary_rpc_method_handler(self._guard(fn)) for name, fn in methods.items()})
+                   "CheckpointNotify": self.checkpoint_notify, "Health": self.health, "Announce": self.announce,
+                   "SendVariables": self.send_variables, "GetVariables": self.get_variables}
+        handlers = {name: grpc.unary_unary_rpc_method_handler(self._guard(fn)) for name, fn in methods.items()}
+        handlers["SendVariableStream"] = grpc.stream_unary_rpc_method_handler(self._guard(self.send_variable_stream))
+        handlers["GetVariableStream"] = grpc.unary_stream_rpc_method_handler(
+            self._guard(self.get_variable_stream, stream_out=True))
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
 def server_credentials(security: RPCSecurity) -> grpc.ServerCredentials | None:
@@ -155,7 +215,7 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
     workers = 16 + 4 * pserver.config.trainers
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pserver"),
                          options=grpc_options(max_message))
-    server.add_generic_rpc_handlers((ParameterServerService(pserver, security.token).generic_handler(),))
+    server.add_generic_rpc_handlers((ParameterServerService(pserver, security.token, max_message).generic_handler(),))
     creds = server_credentials(security)
     try:
         port = server.add_secure_port(endpoint, creds) if creds is not None else server.add_insecure_port(endpoint)

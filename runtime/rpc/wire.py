@@ -87,9 +87,14 @@ def as_host_array(value: Any) -> np.ndarray:
     return arr
 
 
-def encode_variable(name: str, value: Any, *, trainer_id: int = 0, step: int = 0, seq: int = 0,
-                    table_name: str = "", incarnation: int = 0) -> bytes:
-    """The wire bytes of ``value`` (an array or SelectedRows) as variable ``name``."""
+def encode_parts(name: str, value: Any, *, trainer_id: int = 0, step: int = 0, seq: int = 0,
+                 table_name: str = "", incarnation: int = 0) -> tuple[list[Any], int]:
+    """The wire bytes of ``value`` (an array or SelectedRows) as variable ``name``, in pieces: ``(parts,
+    total)`` where ``b"".join(parts)`` is the message and ``total`` its length. The parts are the serialised
+    header, the raw fields' tag and length prefixes, and read-only views of the tensor's own memory (no copy
+    yet), so a sender can either join them (``encode_variable``: one copy) or cut them into chunks
+    (``runtime.rpc.stream.chunks``: one copy, into the chunks) without ever holding the message twice.
+    The views alias ``value``: use the parts before anything can change ``value`` in place."""
     header = pb.VariableMessage(name=name, trainer_id=trainer_id, step=step, seq=seq, table_name=table_name,
                                 incarnation=incarnation)
     parts: list[Any] = []
@@ -105,7 +110,16 @@ def encode_variable(name: str, value: Any, *, trainer_id: int = 0, step: int = 0
     header.dims.extend(values.shape)
     flat = values.reshape(-1).view(np.uint8) if values.size else b""
     parts += _raw_field(DATA_FIELD, flat.data if values.size else b"", values.nbytes)
-    return b"".join([header.SerializeToString(), *parts])
+    parts.insert(0, header.SerializeToString())
+    return parts, sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
+
+
+def encode_variable(name: str, value: Any, *, trainer_id: int = 0, step: int = 0, seq: int = 0,
+                    table_name: str = "", incarnation: int = 0) -> bytes:
+    """The wire bytes of ``value`` (an array or SelectedRows) as variable ``name``."""
+    parts, _ = encode_parts(name, value, trainer_id=trainer_id, step=step, seq=seq, table_name=table_name,
+                            incarnation=incarnation)
+    return b"".join(parts)
 
 
 def decode_variable(buf: bytes | memoryview) -> Decoded:
@@ -185,3 +199,44 @@ def _value(header: pb.VariableMessage, rows: memoryview | None, data: memoryview
         raise WireError(f"selected rows {name!r}: row ids must lie in [0, {header.height}), "
                         f"got [{ids.min() if n_rows else '-'}, {ids.max() if n_rows else '-'}]")
     return SelectedRows(ids, values, int(header.height))
+
+
+# --- batches: SendVariables requests and GetVariables replies
+BATCH_FIELD = pb.VariableBatch.DESCRIPTOR.fields_by_name["vars"].number
+MAX_BATCH = 1 << 16  # far above the variables one trainer exchanges with one pserver in a step
+
+
+def encode_batch(messages: list[Any]) -> bytes:
+    """A ``VariableBatch`` of ``VariableMessage``s, each given as ``encode_parts``'s ``(parts, total)``
+    (every tensor copied once, into the batch) or as already encoded bytes."""
+    out: list[Any] = []
+    for msg in messages:
+        parts, total = ([msg], len(msg)) if isinstance(msg, (bytes, bytearray, memoryview)) else msg
+        out += [_varint(BATCH_FIELD << 3 | 2), _varint(total), *parts]
+    return b"".join(out)
+
+
+def decode_batch(buf: bytes | memoryview) -> list[Decoded]:
+    """The variables of a ``VariableBatch``, in order (each a view of ``buf``, as ``decode_variable``);
+    raises WireError naming the entry if the batch or any variable in it is malformed."""
+    view = memoryview(buf).cast("B")
+    pos, n = 0, len(view)
+    out: list[Decoded] = []
+    while pos < n:
+        key, pos = _read_varint(view, pos)
+        if key != (BATCH_FIELD << 3 | 2):
+            raise WireError(f"a VariableBatch holds field {key >> 3} (wire type {key & 7}); only repeated "
+                            f"VariableMessage vars = {BATCH_FIELD} is allowed",
+                            hint="send a protobuf-encoded flotilla.rpc.VariableBatch")
+        length, pos = _read_varint(view, pos)
+        if pos + length > n:
+            raise WireError(f"the batch is truncated: entry {len(out)} ends at byte {pos + length} of {n}",
+                            hint="send the whole message")
+        if len(out) >= MAX_BATCH:
+            raise WireError(f"a VariableBatch holds more than {MAX_BATCH} variables")
+        try:
+            out.append(decode_variable(view[pos:pos + length]))
+        except WireError as e:
+            raise WireError(f"entry {len(out)} of the batch: {e.message}", hint=e.hint) from None
+        pos += length
+    return out

@@ -22,7 +22,7 @@ class RecordingClient:
 
     def __init__(self) -> None:
         self.calls: list[list[tuple[str, str]]] = []
-        self.recv_runs: dict[Any, Any] = {}
+        self.op_runs: dict[Any, Any] = {}
         self.recv_ahead: set[int] = set()
 
     def get(self, requests: list[tuple[str, str]]) -> list[Any]:

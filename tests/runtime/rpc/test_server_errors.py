@@ -17,7 +17,7 @@ import runtime
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.client import RPCClient, RPCError
 from runtime.rpc.server import SERVICE, grpc_options
-from runtime.rpc.wire import decode_variable, encode_variable
+from runtime.rpc.wire import decode_batch, decode_variable, encode_batch, encode_variable
 from runtime.scope import Scope, SelectedRows
 from tests.runtime.rpc.conftest import (LR, PARAMS, SHAPES, JOIN_S, PSHandle, Tracker, build_pserver, free_port,
                                         inc, listen_op, pserver_programs)
@@ -173,6 +173,30 @@ BAD: dict[str, tuple[str, Callable[[Served], bytes], CODE, str, tuple[str, ...]]
     "barrier-future-step": ("Barrier", lambda s: pb.BarrierRequest(trainer_id=1, step=3, incarnation=inc(1))
                             .SerializeToString(),
                             CODE.FAILED_PRECONDITION, "SEND barrier of step 3 from trainer 1", ("sync",)),
+    # batches: one request per pserver per step, validated whole before anything is stored or applied
+    "sendbatch-garbage": ("SendVariables", lambda s: b"\xff" * 16, CODE.INVALID_ARGUMENT, "overlong varint", BOTH),
+    "sendbatch-wrong-field": ("SendVariables", lambda s: pb.GetVariablesRequest(names=["fc_b"]).SerializeToString(),
+                              CODE.INVALID_ARGUMENT, "a VariableBatch holds field 3", BOTH),
+    "sendbatch-empty": ("SendVariables", lambda s: b"", CODE.INVALID_ARGUMENT, "carries no variable", BOTH),
+    "sendbatch-truncated": ("SendVariables", lambda s: encode_batch([s.send_bytes("fc_b", _f32((30,)))])[:-7],
+                            CODE.INVALID_ARGUMENT, "the batch is truncated", BOTH),
+    "sendbatch-one-bad-entry": ("SendVariables", lambda s: encode_batch([
+        s.send_bytes("fc_b", _f32((30,))), s.send_bytes("fc_w.block1", _f32((30, 20)))]),
+        CODE.INVALID_ARGUMENT, "shape [30, 20], expected [20, 30]", BOTH),
+    "sendbatch-bad-entry-wire": ("SendVariables", lambda s: encode_batch([
+        s.send_bytes("fc_b", _f32((30,))), _var_msg(name="fc_b@GRAD", dtype="float32", dims=[30], data=b"\0" * 8)]),
+        CODE.INVALID_ARGUMENT, "entry 1 of the batch: variable 'fc_b@GRAD': data holds 8 bytes", BOTH),
+    "sendbatch-duplicate": ("SendVariables", lambda s: encode_batch([s.send_bytes("fc_b", _f32((30,)))] * 2),
+                            CODE.INVALID_ARGUMENT, "more than once", BOTH),
+    "sendbatch-nan": ("SendVariables", lambda s: encode_batch([
+        s.send_bytes("fc_b", _f32((30,))), s.send_bytes("fc_w.block1", np.full((20, 30), np.nan, np.float32))]),
+        CODE.INVALID_ARGUMENT, "NaN or Inf", BOTH),
+    "getbatch-garbage": ("GetVariables", lambda s: b"garbage!", CODE.INVALID_ARGUMENT,
+                         "does not decode as flotilla.rpc.GetVariablesRequest", BOTH),
+    "getbatch-no-names": ("GetVariables", lambda s: pb.GetVariablesRequest(trainer_id=0).SerializeToString(),
+                          CODE.INVALID_ARGUMENT, "names no variable", BOTH),
+    "getbatch-unknown-variable": ("GetVariables", lambda s: pb.GetVariablesRequest(names=["fc_b", "fc_c"])
+                                  .SerializeToString(), CODE.NOT_FOUND, "'fc_c': this pserver holds no such", BOTH),
 }
 CASES = [(name, mode) for name, case in BAD.items() for mode in case[4]]
 
@@ -195,6 +219,32 @@ def test_bad_request_gets_its_status_and_changes_nothing(name: str, mode: str, s
     if mode == "async":
         want = decode_variable(before["fc_b"]).value - np.float32(LR) * np.float32(0.5)
         np.testing.assert_allclose(decode_variable(s.raw.get("fc_b")).value, want, rtol=1e-6, atol=1e-6)
+
+
+def test_batched_get_answers_in_request_order_bit_exactly(served: dict[str, Served]) -> None:
+    for s in served.values():
+        one = {p: s.raw.get(p) for p in PARAMS}
+        names = list(reversed(PARAMS))
+        batch = decode_batch(s.raw.call("GetVariables", pb.GetVariablesRequest(names=names).SerializeToString()))
+        assert [d.name for d in batch] == names
+        for d in batch:
+            assert d.value.tobytes() == decode_variable(one[d.name]).value.tobytes()
+
+
+def test_batched_send_applies_every_entry(one_served: Callable[[bool], Served]) -> None:
+    s = one_served(False)  # async: applied on arrival
+    before = {p: decode_variable(s.raw.get(p)).value.copy() for p in PARAMS}
+    grads = {p: np.full(SHAPES[p], 0.25 * (i + 1), np.float32) for i, p in enumerate(PARAMS)}
+    s.raw.call("SendVariables", encode_batch([s.send_bytes(p, g) for p, g in grads.items()]))
+    for p in PARAMS:
+        s.sent(p)
+    # a retried batch (same seqs) is acknowledged and applies nothing again
+    for p in PARAMS:
+        s.seq[0, s.h.grad_name(p, 0)] -= 1
+    s.raw.call("SendVariables", encode_batch([s.send_bytes(p, g) for p, g in grads.items()]))
+    for p in PARAMS:
+        want = before[p] - np.float32(LR) * grads[p]
+        np.testing.assert_allclose(decode_variable(s.raw.get(p)).value, want, rtol=1e-6, atol=1e-6)
 
 
 def test_send_after_complete_is_failed_precondition(one_served: Callable[[bool], Served]) -> None:

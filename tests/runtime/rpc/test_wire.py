@@ -229,3 +229,59 @@ def test_random_corruption_raises_only_wire_errors() -> None:
             decode_variable(bytes(buf))
         except WireError:
             pass
+
+
+# --- encode_parts and chunks (the streamed form; runtime.rpc.stream) ---------------------------------------------
+def test_encode_parts_join_to_the_encoded_message_and_count_its_bytes() -> None:
+    from runtime.rpc.wire import encode_parts
+
+    x = _sample("float32", (5, 7))
+    for value in (x, SelectedRows(np.array([4, 0]), x[:2], 6), np.zeros((0, 3), np.float32)):
+        parts, total = encode_parts("w", value, trainer_id=1, step=2, seq=3, incarnation=9)
+        whole = encode_variable("w", value, trainer_id=1, step=2, seq=3, incarnation=9)
+        assert b"".join(parts) == whole and total == len(whole)
+
+
+def test_encode_parts_view_the_tensor_without_copying_it() -> None:
+    from runtime.rpc.wire import encode_parts
+
+    x = _sample("float64", (32, 8))
+    parts, _ = encode_parts("w", x)
+    assert any(isinstance(p, memoryview) and np.shares_memory(np.frombuffer(p, np.uint8), x) for p in parts)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 3, 64, 1000, 4096])
+def test_chunks_cut_the_message_into_chunk_messages_that_rejoin_exactly(chunk_bytes: int) -> None:
+    from runtime.rpc.stream import chunks
+    from runtime.rpc.wire import encode_parts
+
+    value = SelectedRows(np.array([7, 2, 5]), _sample("float32", (3, 50)), 8)
+    parts, total = encode_parts("g", value, seq=4)
+    msgs = [pb.Chunk.FromString(c) for c in chunks(parts, total, chunk_bytes=chunk_bytes)]
+    assert msgs[0].total == total and all(m.total == 0 for m in msgs[1:])
+    assert all(len(m.data) == chunk_bytes for m in msgs[:-1]) and 1 <= len(msgs[-1].data) <= chunk_bytes
+    assert len(msgs) == -(-total // chunk_bytes)
+    assert b"".join(m.data for m in msgs) == encode_variable("g", value, seq=4)
+
+
+def test_chunks_are_plain_bytes_and_the_default_size_is_at_most_4_mib() -> None:
+    from runtime.rpc.stream import CHUNK_BYTES, MAX_CHUNK_BYTES, chunks
+
+    assert CHUNK_BYTES <= MAX_CHUNK_BYTES < 4 << 20
+    out = list(chunks([b"ab", memoryview(b"cdef"), bytearray(b"g")], chunk_bytes=3))
+    assert all(type(c) is bytes for c in out)
+    assert [pb.Chunk.FromString(c).data for c in out] == [b"abc", b"def", b"g"]
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    ({"total": 5}, "the parts hold 4 bytes but the message was announced as 5 bytes"),
+    ({"chunk_bytes": 0}, "chunk size 0 is out of range"),
+    ({"chunk_bytes": 4 << 20}, f"chunk size {4 << 20} is out of range"),
+])
+def test_chunks_reject_bad_arguments_at_the_call(kwargs: dict[str, int], words: str) -> None:
+    from runtime.rpc.stream import chunks
+
+    with pytest.raises(WireError, match=words):
+        chunks([b"abcd"], **kwargs)  # not iterated: the check happens at the call
+    with pytest.raises(WireError, match="an empty message cannot be streamed"):
+        chunks([b"", b""])
