@@ -3,8 +3,8 @@ measured in one run on 127.0.0.1 against baselines measured in the same run.
 
 (a) Transport. A raw loopback TCP baseline (a sink process; requests of N bytes read with ``recv_into``
     into one reused buffer, answered with one byte; replies of N bytes received the same way) against
-    gRPC ``SendVariable`` (``RPCClient.send`` + ``wait_sends``: encoding included) and ``GetVariable``
-    (``RPCClient.get``: decoding included) of float32 tensors of ``--sizes-mib`` to a real pserver (a
+    the client's sends (``RPCClient.send`` + ``wait_sends``: encoding included) and fetches
+    (``RPCClient.get``: decoding included; both stream tensors of 2 MiB or more) of float32 tensors of ``--sizes-mib`` to a real pserver (a
     transpiled program holding one parameter of each size, sync mode, one trainer: a send is stored, a
     get answers at once). Each figure is the median of ``--reps`` timed transfers after one warm-up; the
     ratio gRPC / raw TCP is for the same direction (target >= 0.6).
@@ -12,10 +12,15 @@ measured in one run on 127.0.0.1 against baselines measured in the same run.
     1,000,000 x 16 table, 13 dense features, fc 400-400-400 relu, fc 2 softmax, mean cross entropy, SGD
     0.01, batch 512, synthetic data whose labels follow a fixed random linear rule): single-process
     training (table not distributed) as the baseline, then 1 pserver x 2 trainers and 2 x 2, sync and
-    async, with the table distributed, every role its own process. Each trainer times ``--steps`` steps
-    after ``--warmup``; per trainer is the mean of the trainers' own rates, total is all timed examples
-    over the union of the trainers' windows; ratios are to the single-process run. A widely used PS
-    reaches about 9,500 examples/s per trainer on this job on this 2-core machine (async, 1 x 2).
+    async, with the table distributed, every role its own process. Each trainer warms up (``--warmup``
+    steps), waits at a start gate until every trainer of the job has, then times ``--steps`` steps; per
+    trainer is the mean of the trainers' own rates, total is all timed examples over the union of the
+    trainers' windows; ratios are to the single-process run. CPU ms per 1,000 examples is the CPU time
+    (/proc) of every process of the job, pservers included, over the timed window.
+    ``--vs-paddle`` runs Paddle's own PS on the same job and data right after each PS job
+    (``bench/paddle_ps_worker.py`` under ``--paddle-python``, an interpreter with paddlepaddle 2.6.2: a
+    bench-only extra, e.g. a venv with ``paddlepaddle==2.6.2 "numpy<2" "protobuf<5"``); without it the
+    per-trainer ratio uses the last figure measured on this machine, marked as not from this run.
 (c) Bytes on the wire per trainer step (every gRPC request plus its reply, counted in the trainer,
     HTTP/2 framing excluded) against the theoretical minimum: every dense gradient sent and every dense
     parameter received once, plus for the table the unique ids of the step (8 bytes each) and their rows
@@ -29,7 +34,8 @@ The load average is printed before and after; ``--quick`` figures are marked not
 
 Every process is started here and only those are killed (on failure, timeout or exit); every wait is
 bounded (``--job-timeout``; the children's ``FLAGS_rpc_deadline`` and ``FLAGS_pserver_timeout_ms``).
-``python bench/ps_bench.py [--quick] [--steps N] [--warmup N] [--sizes-mib 4,64] [--reps R] [--json PATH]``
+``python bench/ps_bench.py [--quick] [--steps N] [--warmup N] [--sizes-mib 4,64] [--reps R] [--trust]
+[--vs-paddle --paddle-python PATH] [--json PATH]``
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import socket
 import statistics
 import struct
@@ -59,7 +66,7 @@ WORKER = pathlib.Path(__file__).resolve().with_name("ps_bench_worker.py")
 PADDLE_WORKER = WORKER.with_name("paddle_ps_worker.py")
 REPO = WORKER.parents[1]
 HEADER_FMT = "<cQ"
-REFERENCE_PER_TRAINER = 9_500.0  # Paddle 2.6.2's PS, async 1x2, last measured on this machine (see --vs-paddle)
+REFERENCE_PER_TRAINER = 9_906.0  # Paddle 2.6.2's PS, async 1x2, last measured on this machine (see --vs-paddle)
 PADDLE_LAST_MEASURED = "Paddle 2.6.2, 2026-11-24, this 2-core machine, bench/paddle_ps_worker.py"
 TRANSPORT_TARGET = 0.6
 JOB_TARGET = 0.6  # the whole 1x2 job against single-process training, examples/s
@@ -113,7 +120,8 @@ class Procs:
                     if rc is None:
                         pending.append((tag, log))
                     elif rc != 0:
-                        raise BenchError(f"{tag} exited {rc}; its log ends:\n{_tail(log)}")
+                        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited {rc}"
+                        raise BenchError(f"{tag} {how}; its log ends:\n{_tail(log)}")
                 if not pending:
                     return
                 if time.monotonic() > end:
@@ -568,6 +576,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             finally:
                 procs.kill()
         rows = []
+        paddle_failures: dict[str, str] = {}
         for job in jobs:
             for suffix, job_env in (variants if job.pservers else variants[:1]):
                 start = time.perf_counter()
@@ -577,19 +586,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       f"{rows[-1]['total']:,.0f} total ({time.perf_counter() - start:.1f}s with start-up)", flush=True)
             if job.pservers and paddle:
                 theirs = Job(f"paddle {job.name}", job.pservers, job.trainers, job.mode, paddle=args.paddle_python)
-                rows.append(run_job(theirs, args, variants[0][1], tmp))
-                print(f"{theirs.name} ({paddle}): {rows[-1]['per_trainer']:,.0f} examples/s per trainer", flush=True)
+                try:
+                    rows.append(run_job(theirs, args, variants[0][1], tmp))
+                except BenchError as e:  # Paddle's own failure is a figure too, not the end of this run
+                    paddle_failures[theirs.name] = str(e.message).splitlines()[0]
+                    print(f"{theirs.name} ({paddle}) failed: {paddle_failures[theirs.name]}", flush=True)
+                else:
+                    print(f"{theirs.name} ({paddle}): {rows[-1]['per_trainer']:,.0f} examples/s per trainer",
+                          flush=True)
     local = rows[0]["total"]
     if tcp:
         print_transport(tcp, grpc_)
     print_jobs(rows, local, paddle)
+    for name, why in paddle_failures.items():
+        print(f"  {name}: Paddle's run failed ({why}); see its log")
     print_trust(rows)
     print_summary(tcp, grpc_, rows, local, paddle)
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min): {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f} before, "
           f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} after{note}")
     result = {"transport": {"tcp": tcp, "grpc": grpc_}, "jobs": rows, "local_examples_per_s": local,
-              "reference_per_trainer": REFERENCE_PER_TRAINER, "paddle": paddle,
+              "reference_per_trainer": REFERENCE_PER_TRAINER, "paddle": paddle, "paddle_failures": paddle_failures,
               "load_average": {"before": load_before, "after": load_after},
               "config": {k: v for k, v in vars(args).items() if k != "json"}}
     if args.json:

@@ -1,6 +1,8 @@
 """The ``recv`` kernel fetches a run of consecutive ``recv`` ops as one concurrent batch: the run's first
-op asks the client for every block of the run in one ``get``, the others find theirs in the scope.
-Runs against a recording client, without gRPC."""
+op asks the client for every block of the run in one ``get``, the others find theirs in the scope; the
+``send`` kernel queues a run's gradients and flushes once, after the run's last op; an async trainer
+block (sends, no barriers) fetches through the client's background ``pull``. Runs against a recording
+client, without gRPC."""
 from __future__ import annotations
 
 from typing import Any
@@ -32,6 +34,16 @@ class RecordingClient:
     def barrier(self, endpoints: list[str], send: bool) -> None:
         self.calls.append([("barrier", ep) for ep in endpoints])
 
+    def send(self, endpoint: str, name: str, value: Any) -> None:
+        self.calls.append([("send", endpoint, name)])
+
+    def flush(self) -> None:
+        self.calls.append([("flush",)])
+
+    def pull(self, key: Any, requests: list[tuple[str, str]], max_staleness: int, have_values: bool) -> Any:
+        self.calls.append([("pull", max_staleness, have_values), *requests])
+        return [np.full((2,), -len(name), np.float32) for _, name in requests]
+
 
 @pytest.fixture()
 def client(monkeypatch: pytest.MonkeyPatch) -> RecordingClient:
@@ -51,6 +63,9 @@ def _program(layout: list[tuple[str, list[str], list[str]]]) -> Program:
         attrs = {OP_ROLE_ATTR: int(OpRole.RPC), "trainer_id": 0}
         if kind == "recv":
             block.append_op("recv", {"X": []}, {"Out": outs}, {**attrs, "epmap": eps}, infer_shape=False)
+        elif kind == "send":
+            block.create_var("__sent", type="raw")
+            block.append_op("send", {"X": outs}, {"Out": ["__sent"]}, {**attrs, "epmap": eps}, infer_shape=False)
         else:
             block.create_var("__ctl", type="raw")
             block.append_op("fetch_barrier", {"X": []}, {"Out": ["__ctl"]}, {**attrs, "endpoints": eps},
@@ -64,7 +79,8 @@ def _run(prog: Program, scope: Scope, skip: set[int] = frozenset()) -> None:  # 
         if i in skip:
             continue
         ctx = HostContext(None, scope, prog, block)  # type: ignore[arg-type]
-        {"recv": rpc_kernels.recv, "fetch_barrier": rpc_kernels.fetch_barrier}[op.type](ctx, op)
+        {"recv": rpc_kernels.recv, "fetch_barrier": rpc_kernels.fetch_barrier, "send": rpc_kernels.send}[op.type](
+            ctx, op)
 
 
 def test_consecutive_recvs_are_one_get(client: RecordingClient) -> None:
@@ -94,3 +110,40 @@ def test_a_recv_whose_run_did_not_start_fetches_its_own(client: RecordingClient)
     _run(prog, scope, skip={0})
     assert client.calls == [[(EP1, "v")], [(EP1, "u")]]
     assert scope.find_var("w") is None and scope.find_var("u") is not None
+
+
+def test_a_run_of_sends_is_flushed_once_after_its_last_op(client: RecordingClient) -> None:
+    prog = _program([("send", ["g0"], [EP0]), ("send", ["g1", "g2"], [EP0, EP1]), ("recv", ["w"], [EP0]),
+                     ("send", ["g3"], [EP1])])
+    scope = Scope()
+    for n in ["g0", "g1", "g2", "g3"]:
+        scope.set_var(n, np.zeros((2,), np.float32))
+    _run(prog, scope)
+    assert client.calls == [[("send", EP0, "g0")], [("send", EP0, "g1")], [("send", EP1, "g2")], [("flush",)],
+                            [("pull", 1, False), (EP0, "w")], [("send", EP1, "g3")], [("flush",)]]
+    np.testing.assert_array_equal(scope.find_var("w"), np.full((2,), -1, np.float32))
+
+
+def test_a_block_with_barriers_fetches_in_the_foreground(client: RecordingClient) -> None:
+    prog = _program([("send", ["g0"], [EP0]), ("recv", ["w"], [EP0]), ("fetch_barrier", [], [EP0])])
+    scope = Scope()
+    scope.set_var("g0", np.zeros((2,), np.float32))
+    _run(prog, scope)
+    assert client.calls[2] == [(EP0, "w")]  # get, not pull
+
+
+def test_the_staleness_flag_accepts_zero_and_refuses_negatives(monkeypatch: pytest.MonkeyPatch,
+                                                                client: RecordingClient) -> None:
+    from runtime.flags import FlagError, flag
+
+    monkeypatch.setenv("FLAGS_communicator_max_staleness", "0")
+    assert flag("FLAGS_communicator_max_staleness") == 0
+    prog = _program([("send", ["g0"], [EP0]), ("recv", ["w"], [EP0])])
+    scope = Scope()
+    scope.set_var("g0", np.zeros((2,), np.float32))
+    scope.set_var("w", np.zeros((2,), np.float32))
+    _run(prog, scope)
+    assert client.calls[-1][0] == ("pull", 0, True)
+    monkeypatch.setenv("FLAGS_communicator_max_staleness", "-1")
+    with pytest.raises(FlagError, match="must be at least 0"):
+        flag("FLAGS_communicator_max_staleness")
