@@ -277,7 +277,10 @@ def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathli
             procs.start("local", "local", "--out", str(outs[0]), *common)
         else:
             eps = [f"127.0.0.1:{free_port()}" for _ in range(job.pservers)]
-            dist = ["--endpoints", ",".join(eps), "--trainers", str(job.trainers), "--mode", job.mode]
+            mode = "async" if job.mode.startswith("geo") else job.mode
+            dist = ["--endpoints", ",".join(eps), "--trainers", str(job.trainers), "--mode", mode]
+            if job.mode.startswith("geo"):
+                dist += ["--geo-k", job.mode[3:]]
             how: dict[str, Any] = {"python": job.paddle, "worker": PADDLE_WORKER} if job.paddle else {}
             for i, ep in enumerate(eps):
                 procs.start(f"pserver{i}", "pserver", "--endpoint", ep, *dist, *common, **how)
@@ -501,10 +504,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def parse_job(text: str) -> Job:
+    """``PxT-sync``, ``PxT-async`` or ``PxT-geoK`` (async Geo-SGD, dense parameters synced every K steps)."""
     shape, _, mode = text.partition("-")
     p, _, t = shape.partition("x")
-    if mode not in ("sync", "async") or not p.isdigit() or not t.isdigit() or int(p) < 1 or int(t) < 1:
-        raise BenchError(f"job {text!r} is not of the form PxT-mode", hint="e.g. 1x2-async or 2x2-sync")
+    geo = mode.startswith("geo") and mode[3:].isdigit() and int(mode[3:]) >= 1
+    if not (mode in ("sync", "async") or geo) or not p.isdigit() or not t.isdigit() or int(p) < 1 or int(t) < 1:
+        raise BenchError(f"job {text!r} is not of the form PxT-mode", hint="e.g. 1x2-async, 2x2-sync or 1x2-geo10")
     return Job(f"{p}x{t} {mode}", int(p), int(t), mode)
 
 
@@ -528,8 +533,10 @@ def paddle_version(python: str) -> str | None:
 
 
 def reference(rows: list[dict[str, Any]], job: str) -> tuple[float, str]:
-    """Paddle's per-trainer examples/s on ``job`` measured in this run, else the last figure measured on
-    this machine (async 1x2), and where it comes from."""
+    """Paddle's per-trainer examples/s on ``job`` (a Geo-SGD job: on its async form) measured in this run,
+    else the last figure measured on this machine (async 1x2), and where it comes from."""
+    shape, _, mode = job.partition(" ")
+    job = f"{shape} async" if mode.startswith("geo") else job
     for r in rows:
         if r["job"] == f"paddle {job}":
             return r["per_trainer"], "this run"
@@ -584,7 +591,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 rows.append(run_job(named, args, job_env, tmp))
                 print(f"{named.name}: {rows[-1]['per_trainer']:,.0f} examples/s per trainer, "
                       f"{rows[-1]['total']:,.0f} total ({time.perf_counter() - start:.1f}s with start-up)", flush=True)
-            if job.pservers and paddle:
+            if job.pservers and paddle and job.mode in ("sync", "async"):
                 theirs = Job(f"paddle {job.name}", job.pservers, job.trainers, job.mode, paddle=args.paddle_python)
                 try:
                     rows.append(run_job(theirs, args, variants[0][1], tmp))

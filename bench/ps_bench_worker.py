@@ -94,8 +94,10 @@ def build_ctr(table_rows: int, is_distributed: bool) -> CTRJob:
 
 
 def transpile(program: Program, startup: Program, trainer_id: int, endpoints: str, trainers: int, sync: bool,
-              slice_vars: bool = True) -> DistributeTranspiler:
-    t = DistributeTranspiler(DistributeTranspilerConfig(slice_var_up=slice_vars))
+              slice_vars: bool = True, geo_k: int = 0) -> DistributeTranspiler:
+    """Transpile for the pservers; ``geo_k`` > 0: async Geo-SGD, dense parameters synced every ``geo_k`` steps."""
+    geo = {"geo_sgd_mode": True, "geo_sgd_need_push_nums": geo_k} if geo_k else {}
+    t = DistributeTranspiler(DistributeTranspilerConfig(slice_var_up=slice_vars, **geo))
     t.transpile(trainer_id, program=program, startup_program=startup, pservers=endpoints, trainers=trainers,
                 sync_mode=sync)
     return t
@@ -185,7 +187,7 @@ def run_transport_pserver(args: argparse.Namespace) -> None:
 
 def run_pserver(args: argparse.Namespace) -> None:
     job = build_ctr(args.table_rows, is_distributed=True)
-    t = transpile(job.main, job.startup, 0, args.endpoints, args.trainers, args.mode == "sync")
+    t = transpile(job.main, job.startup, 0, args.endpoints, args.trainers, args.mode == "sync", geo_k=args.geo_k)
     run_program_pserver(job.main, job.startup, t, args.endpoint)
 
 
@@ -243,7 +245,8 @@ def _train(args: argparse.Namespace, distributed: bool) -> dict[str, Any]:
     job = build_ctr(args.table_rows, is_distributed=distributed)
     trainer_id = args.trainer_id if distributed else 0
     if distributed:
-        t = transpile(job.main, job.startup, trainer_id, args.endpoints, args.trainers, args.mode == "sync")
+        t = transpile(job.main, job.startup, trainer_id, args.endpoints, args.trainers, args.mode == "sync",
+                      geo_k=args.geo_k)
         main, startup = t.get_trainer_program(), t.get_trainer_startup_program()
     else:
         main, startup = job.main, job.startup
@@ -329,6 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trainers", type=int, default=1)
     ap.add_argument("--trainer-id", type=int, default=0)
     ap.add_argument("--mode", choices=("sync", "async"), default="sync")
+    ap.add_argument("--geo-k", type=int, default=0, help="async Geo-SGD: sync dense parameters every K steps")
     ap.add_argument("--table-rows", type=int, default=1_000_000)
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--warmup", type=int, default=3)

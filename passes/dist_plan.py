@@ -15,6 +15,8 @@ Invariants (once placed):
   when it has one block, else ``block_name(origin, index)``. The per-trainer gradient copies
   (sync mode, several trainers) are ``trainer_copy_name(block.name, trainer_id)``
   (see ``DistPlan.trainer_grad_name``).
+- Geo-SGD (``geo_sgd_push_nums`` > 0, async): a dense parameter block's delta travels as
+  ``VarBlock.delta_name``; gradient blocks are still planned (same partition) but never sent.
 - Orders are deterministic: params in the order collected, endpoints in the user's order.
 """
 from __future__ import annotations
@@ -55,6 +57,12 @@ class VarBlock:
     @property
     def is_slice(self) -> bool:
         return self.name != self.origin
+
+    @property
+    def delta_name(self) -> str:
+        """Geo-SGD: the name a trainer sends this parameter block's change since its last sync under
+        (``<block>@DELTA``; the relation is recorded in the ``geo_sync`` op's attrs)."""
+        return f"{self.name}@DELTA"
 
 
 @dataclass(frozen=True)
@@ -126,11 +134,17 @@ class DistPlan:
     slice_var_up: bool = True
     min_block_size: int = 8192
     enable_dc_asgd: bool = False
+    geo_sgd_push_nums: int = 0  # Geo-SGD: sync the dense parameters every k steps; 0: off
     placed: bool = False
     _by_param: dict[str, ParamPlan] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_param", {p.param: p for p in self.params})
+
+    @property
+    def geo_sgd(self) -> bool:
+        """Geo-SGD: trainers optimize the dense parameters locally and sync their deltas every k steps."""
+        return self.geo_sgd_push_nums > 0
 
     # --- naming
     @property

@@ -21,6 +21,10 @@ Guarantees, per endpoint:
 - DC-ASGD (``enable_dc_asgd``, async): per slice and trainer a backup ``<slice>.trainer_<k>_bak``
   (``copy_of``/``trainer_id``) in block 0; the optimize block starts with ``ref_by_trainer_id`` and the
   compensation ``g + g*g*(w - bak)`` that the optimizer op then uses as ``Grad``.
+- Geo-SGD (``plan.geo_sgd``): instead of the merged gradient, block 0 declares each owned slice's
+  delta (``VarBlock.delta_name``, same shape and dtype, received as is) and the slice's optimize
+  block is ``sum(slice, delta) -> slice``; ``grad_to_block_id`` maps the deltas;
+  ``distributed_mode`` is 3. (The trainers run the optimizer; the distributed table is unchanged.)
 - ``grad_to_block_id`` lists ``"<merged grad>:<block>"`` in block order; ``pservers`` is the number of
   pserver endpoints (the row stride of a distributed table's shards).
 """
@@ -91,6 +95,11 @@ class PserverProgram(Pass):
             else:
                 g.add_var(pvar)
         for pp, i in owned:
+            if plan.geo_sgd:
+                pb = pp.param_blocks[i]
+                g.add_var(Variable(name=pb.delta_name, shape=pb.shape, dtype=ob.var(pp.param).dtype))
+                inputs.append(pb.delta_name)
+                continue
             gb = pp.grad_blocks[i]
             gvar = ob.var(pp.grad)
             merged = Variable(name=gb.name, shape=gb.shape, dtype=gvar.dtype, type=gvar.type, persistable=True,
@@ -133,8 +142,14 @@ class PserverProgram(Pass):
             for i in owned_blocks.get(param, []):
                 blk = prog.create_block(pre_block)
                 prog.rollback()
-                self._fill_block(blk, ob, plan, pp, i, chains.get(pp.param, []))
                 opt_blocks.append(blk.idx)
+                if plan.geo_sgd:
+                    pb = pp.param_blocks[i]
+                    blk.append_op("sum", {"X": [pb.name, pb.delta_name]}, {"Out": [pb.name]},
+                                  {OP_ROLE_ATTR: int(OpRole.OPTIMIZE), "use_mkldnn": False})
+                    grad_to_block.append(f"{pb.delta_name}:{blk.idx}")
+                    continue
+                self._fill_block(blk, ob, plan, pp, i, chains.get(pp.param, []))
                 grad_to_block.append(f"{pp.grad_blocks[i].name}:{blk.idx}")
                 if pp.sparse:
                     sparse_to_param.append(f"{pp.grad_blocks[i].name}:{pp.param_blocks[i].name}")
@@ -149,7 +164,7 @@ class PserverProgram(Pass):
             "endpoint": ep, "Fanin": plan.trainers, "optimize_blocks": [BlockRef(b) for b in opt_blocks],
             "grad_to_block_id": grad_to_block, "sparse_grad_to_param": sparse_to_param,
             "sync_mode": plan.sync_mode, "pserver_id": plan.endpoint_index(ep), "lr_decay_block_id": lr_block,
-            "distributed_mode": 0 if plan.sync_mode else 1, "dc_asgd": plan.enable_dc_asgd,
+            "distributed_mode": 0 if plan.sync_mode else 3 if plan.geo_sgd else 1, "dc_asgd": plan.enable_dc_asgd,
             "pservers": len(plan.pservers), OP_ROLE_ATTR: int(OpRole.RPC)})
         return prog
 

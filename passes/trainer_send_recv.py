@@ -14,6 +14,14 @@ Guarantees, as Fluid 1.5 (``transpile`` + ``get_trainer_program``):
 - after everything: ``send_barrier`` (sync), one ``recv`` per parameter, ``fetch_barrier`` (sync),
   and ``concat`` of the blocks of every sliced parameter.
 Control-dependency variables are ``raw`` with shape ``[]`` and deterministic names.
+
+Geo-SGD (``plan.geo_sgd``): the dense parameters train locally, so only the optimize ops of the
+distributed table (``op_role_var`` naming it first) are dropped (the table's own rewrite is
+``distributed_table``'s); no gradient is split, sent or received; one ``geo_sync`` op is appended
+last, over every planned parameter in plan order (``X``/``Out``), their snapshots (``<param>@GEO_SNAPSHOT``,
+persistable, ``copy_of`` the parameter; ``Snapshot``/``SnapshotOut``) and the persistable int64 step
+counter ``@GEO_SGD_STEP@`` (``Step``/``StepOut``), with each block's endpoint, rows, pserver name and
+delta name (``VarBlock.delta_name``) and ``push_nums`` = k. (``geo_sgd_startup`` initialises the state.)
 """
 from __future__ import annotations
 
@@ -29,6 +37,7 @@ from passes.pass_base import Pass, PassContext, PassError
 
 SEND_BARRIER_OUT = "__control_var@send_barrier"
 FETCH_BARRIER_OUT = "__control_var@fetch_barrier"
+GEO_STEP_VAR = "@GEO_SGD_STEP@"  # Geo-SGD: the trainer's step counter (persistable int64 [1])
 
 
 def trainer_role(trainer_id: int) -> str:
@@ -38,6 +47,27 @@ def trainer_role(trainer_id: int) -> str:
 def send_dummy_name(grad: str) -> str:
     """The control-dependency output of the ``send`` of gradient ``grad``."""
     return f"__control_var@send@{grad}"
+
+
+def geo_snapshot_name(param: str) -> str:
+    """Geo-SGD: the trainer's copy of ``param`` at its last sync (``copy_of`` records the parameter)."""
+    return f"{param}@GEO_SNAPSHOT"
+
+
+def geo_state_vars(block: Block, plan: DistPlan) -> list[Variable]:
+    """Declare (if needed) Geo-SGD's persistable trainer state in ``block``: the step counter, then one
+    snapshot per planned parameter, in plan order; return them in that order."""
+    if not block.has_var(GEO_STEP_VAR):
+        block.create_var(GEO_STEP_VAR, shape=(1,), dtype="int64", persistable=True, stop_gradient=True)
+    out = [block.var(GEO_STEP_VAR)]
+    for pp in plan.params:
+        name = geo_snapshot_name(pp.param)
+        if not block.has_var(name):
+            pvar = block.var(pp.param)
+            block.add_var(Variable(name=name, shape=pvar.shape, dtype=pvar.dtype, persistable=True,
+                                   stop_gradient=True, copy_of=pp.param))
+        out.append(block.var(name))
+    return out
 
 
 def control_var(block: Block, name: str) -> Variable:
@@ -82,6 +112,9 @@ class TrainerSendRecv(Pass):
         plan = ctx.require_placed(self.name)
         program = programs[trainer_role(plan.trainer_id)].main
         block = program.global_block()
+        if plan.geo_sgd:
+            self._geo_sync(program, plan)
+            return True
         self._drop_optimize_ops(program)
         sent: dict[str, list[str]] = {}
         # Unsliced gradients are renamed to their trainer copies in one pass over the ops.
@@ -128,6 +161,28 @@ class TrainerSendRecv(Pass):
                                 {"axis": 0, OP_ROLE_ATTR: int(OpRole.DIST)})
         remove_unused_vars(block)
         return True
+
+    @staticmethod
+    def _geo_sync(program: Program, plan: DistPlan) -> None:
+        """Geo-SGD: drop the table's optimize ops, keep the rest, append ``geo_sync`` (module docstring)."""
+        block = program.global_block()
+        if plan.table is not None:
+            doomed = {id(op) for op in optimize_ops(program) if op.role_var[:1] == [plan.table.table]}
+            for index in reversed([i for i, op in enumerate(block.ops) if id(op) in doomed]):
+                block.remove_op(index)
+        if plan.params:
+            params = [pp.param for pp in plan.params]
+            snapshots = [v.name for v in geo_state_vars(block, plan)[1:]]
+            blocks = [b for pp in plan.params for b in pp.param_blocks]
+            block.append_op("geo_sync", {"X": params, "Snapshot": snapshots, "Step": [GEO_STEP_VAR]},
+                            {"Out": params, "SnapshotOut": snapshots, "StepOut": [GEO_STEP_VAR]},
+                            rpc_attrs(block_counts=[len(pp.param_blocks) for pp in plan.params],
+                                      sections=[b.rows for b in blocks],
+                                      epmap=[ep for pp in plan.params for ep in pp.endpoints],
+                                      block_names=[b.name for b in blocks],
+                                      delta_names=[b.delta_name for b in blocks],
+                                      push_nums=plan.geo_sgd_push_nums, trainer_id=plan.trainer_id))
+        remove_unused_vars(block)
 
     @staticmethod
     def _drop_optimize_ops(program: Program) -> None:

@@ -11,9 +11,9 @@ with ``register_command``):
   [--ops-only]`` (svg/png through Graphviz's ``dot``): ops clustered by role, persistable variables in one
   table at the side (see ``ir.export``); ``flotilla graph --job DIR -o FILE`` draws a transpile output
   directory: which trainer send reaches which pserver block
-- ``flotilla transpile MAIN --startup STARTUP --pservers EP,EP --trainers N [--trainer-id I] [--async]
-  [--split-method round_robin|hash_name] [--min-block-size N] [--no-slice] -o DIR``, or in the collective
-  modes ``flotilla transpile MAIN --startup STARTUP --mode nccl2|collective --trainers EP,EP
+- ``flotilla transpile MAIN --startup STARTUP --pservers EP,EP --trainers N [--trainer-id I] [--async
+  [--geo-sgd K]] [--split-method round_robin|hash_name] [--min-block-size N] [--no-slice] -o DIR``, or in
+  the collective modes ``flotilla transpile MAIN --startup STARTUP --mode nccl2|collective --trainers EP,EP
   [--collective-mode grad_allreduce|local_sgd] [--fuse-grad-size-mb M] [--local-sgd-steps K] -o DIR``
   (``--trainers`` then lists every trainer's endpoint, as Fluid's nccl2 mode takes it): writes every role's
   main and startup programs as ``ROLE.main.pb``/``.txt`` and ``ROLE.startup.pb``/``.txt`` into DIR (the
@@ -377,6 +377,8 @@ def _configure_transpile_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trainer-id", type=int, default=None, metavar="I", dest="trainer_id",
                    help="the trainer to build (default: transpile: every trainer; plan: 0)")
     p.add_argument("--async", action="store_true", dest="async_mode", help="asynchronous training (no barriers)")
+    p.add_argument("--geo-sgd", type=int, default=None, metavar="K", dest="geo_sgd",
+                   help="with --async: Geo-SGD, trainers optimize locally and sync parameter deltas every K steps")
     p.add_argument("--split-method", choices=SPLIT_METHODS, default="round_robin", dest="split_method",
                    help="how blocks are placed on pservers (default: round_robin)")
     p.add_argument("--min-block-size", type=int, default=8192, metavar="N", dest="min_block_size",
@@ -408,7 +410,8 @@ def _transpile(args: argparse.Namespace, trainer_ids: Sequence[int]) -> _Transpi
                                         min_block_size=args.min_block_size, wait_port=False, mode=args.mode,
                                         collective_mode=args.collective_mode if args.mode != "pserver" else None,
                                         fuse_grad_size_in_MB=args.fuse_grad_size_mb,
-                                        local_sgd_steps=args.local_sgd_steps)
+                                        local_sgd_steps=args.local_sgd_steps, geo_sgd_mode=args.geo_sgd is not None,
+                                        geo_sgd_need_push_nums=100 if args.geo_sgd is None else args.geo_sgd)
     programs = ProgramSet()
     pservers: list[tuple[str, Program, Program]] = []
     plan = None

@@ -5,8 +5,13 @@ E701 endpoints (empty, duplicated, malformed), E702 trainers, E703 trainer_id, E
 E706 an endpoint not in the pserver list, E709 enable_dc_asgd with sync_mode, E710 split_method,
 E711 mode (and the collective options), E712 a program argument that is not a Program, E714 a pserver
 program asked for in a collective mode, E715 a field the config does not have (set by mistake, e.g.
-``config.slice_var_upp = True``: it names the closest field). The passes add E601 (no optimizer ops), E602 (several distributed
+``config.slice_var_upp = True``: it names the closest field), E717 the Geo-SGD options (``geo_sgd_mode``
+outside pserver mode, with ``sync_mode`` or with ``enable_dc_asgd``; ``geo_sgd_need_push_nums`` < 1). The passes add E601 (no optimizer ops), E602 (several distributed
 tables), E603/E604 (an optimizer the pserver cannot run), E620-E623 (collective rewrites).
+
+Geo-SGD (Paddle 1.6's ``geo_sgd_mode``, async pserver mode only): every trainer trains its own copy of the
+dense parameters and, every ``geo_sgd_need_push_nums`` steps, sends each parameter block's change since
+its last sync to the pserver, which adds it, then continues from the merged blocks.
 
 Modes: ``pserver`` (the default), ``nccl2`` and ``collective`` (the same allreduce rewrite under Fluid
 1.5's and Fluid 1.6's names; ``collective_mode`` picks ``grad_allreduce`` or ``local_sgd``).
@@ -50,6 +55,9 @@ class DistributeTranspilerConfig:
     fuse_grad_size_in_MB: float = 32.0  # gradient buckets for one allreduce each; 0 = one allreduce a gradient
     local_sgd_steps: int = 1  # local_sgd: average the parameters every k steps
     use_hierarchical_allreduce: bool = False
+    # Geo-SGD (pserver mode, sync_mode=False): sync the dense parameters every k steps as deltas.
+    geo_sgd_mode: bool = False
+    geo_sgd_need_push_nums: int = 100  # k: local steps between two syncs
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Fluid scripts set the config field by field; a misspelt field must not be silently ignored.
@@ -96,9 +104,24 @@ class DistributeTranspilerConfig:
         if self.use_hierarchical_allreduce:
             raise TranspilerError("use_hierarchical_allreduce is not supported: XLA chooses the collective "
                                   "algorithm itself", hint="leave use_hierarchical_allreduce False", code="E711")
+        push = self.geo_sgd_need_push_nums
+        if isinstance(push, bool) or not isinstance(push, int) or push < 1:
+            raise TranspilerError(f"geo_sgd_need_push_nums must be an int >= 1 (the local steps between two "
+                                  f"syncs), got {push!r}", hint="the default is 100; 1 syncs after every step",
+                                  code="E717")
+        if self.geo_sgd_mode:
+            if self.mode != "pserver":
+                raise TranspilerError(f"geo_sgd_mode needs mode 'pserver', but mode is {self.mode!r}",
+                                      hint="set config.mode = 'pserver', or use collective_mode 'local_sgd' to "
+                                           "average parameters every k steps with allreduce", code="E717")
+            if self.enable_dc_asgd:
+                raise TranspilerError("geo_sgd_mode and enable_dc_asgd are both set; they are different async "
+                                      "algorithms", hint="disable one of them (geo_sgd_mode sends parameter deltas, "
+                                                         "DC-ASGD compensates stale gradients)", code="E717")
         return DistributeTranspilerConfig(bool(self.slice_var_up), split, mbs, self.mode, bool(self.enable_dc_asgd),
                                           bool(self.print_log), bool(self.wait_port), coll, int(self.nccl_comm_num),
-                                          float(fuse), int(self.local_sgd_steps), False)
+                                          float(fuse), int(self.local_sgd_steps), False, bool(self.geo_sgd_mode),
+                                          int(push))
 
 
 def _check_int(field: str, value: Any, minimum: int, what: str) -> None:

@@ -3,7 +3,9 @@
 ``transpile`` validates its arguments, clones the caller's programs (see below for when they change), runs a
 pipeline under a PassManager, then checks the whole ProgramSet with ``ir.verify.verify_program_set``.
 In ``pserver`` mode the pipeline is ``collect_params → slice_variables → place_blocks →
-trainer_send_recv → trainer_startup → pserver_program → pserver_startup → distributed_table``; in
+trainer_send_recv → trainer_startup → pserver_program → pserver_startup → distributed_table`` (with
+``geo_sgd_mode`` the trainer keeps its dense optimizer and syncs parameter deltas every k steps, and
+``geo_sgd_startup`` follows ``trainer_startup``); in
 ``nccl2``/``collective`` mode (``trainers`` is then the comma-separated trainer endpoints, as in Fluid)
 it is ``collective_startup → grad_allreduce`` (or ``local_sgd``) and there are no pserver programs.
 The ``get_*`` methods return clones of the stored results, so they can be called in any order and any
@@ -35,9 +37,11 @@ from ir.verify import verify_program_set
 from passes import collective_pipeline, default_pipeline
 from passes.collective_plan import CollectivePlan
 from passes.dist_plan import DistPlan
+from passes.geo_sgd_startup import GeoSgdStartup
 from passes.pass_base import Instrument, PassContext, PassManager, PrintIRAfter, Timing
 from passes.pserver_program import pserver_role
 from passes.trainer_send_recv import trainer_role
+from passes.trainer_startup import TrainerStartup
 from transpiler.config import (
     DistributeTranspilerConfig,
     TranspilerError,
@@ -118,15 +122,23 @@ class DistributeTranspiler:
         if self.config.enable_dc_asgd and sync_mode:
             raise TranspilerError("enable_dc_asgd needs asynchronous training, but sync_mode is True",
                                   hint="pass sync_mode=False, or disable enable_dc_asgd", code="E709")
+        if self.config.geo_sgd_mode and sync_mode:
+            raise TranspilerError("geo_sgd_mode needs asynchronous training, but sync_mode is True",
+                                  hint="pass sync_mode=False, or disable geo_sgd_mode", code="E717")
         origin_main, origin_startup = program.clone(), startup_program.clone()
         plan = DistPlan(trainer_id=trainer_id, trainers=trainers, sync_mode=bool(sync_mode), pservers=eps,
                         slice_var_up=self.config.slice_var_up, min_block_size=self.config.min_block_size,
-                        enable_dc_asgd=self.config.enable_dc_asgd)
+                        enable_dc_asgd=self.config.enable_dc_asgd,
+                        geo_sgd_push_nums=self.config.geo_sgd_need_push_nums if self.config.geo_sgd_mode else 0)
         ctx = PassContext(origin_main=origin_main, origin_startup=origin_startup, plan=plan,
                           dispatcher=self.config.split_method(list(eps)))
         programs = ProgramSet()
         programs.add(trainer_role(trainer_id), origin_main.clone(), origin_startup.clone())
-        self._run_pipeline(default_pipeline(), programs, ctx)
+        pipeline = default_pipeline()
+        if plan.geo_sgd:
+            at = next(i for i, p in enumerate(pipeline) if isinstance(p, TrainerStartup)) + 1
+            pipeline.insert(at, GeoSgdStartup())
+        self._run_pipeline(pipeline, programs, ctx)
 
     def _transpile_collective(self, trainer_id: Any, program: Program, startup_program: Program, trainers: Any,
                               current_endpoint: str | None) -> None:

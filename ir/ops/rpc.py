@@ -3,7 +3,7 @@ the parameter-server transpiler puts around them.
 
 Invariants:
 - Network ops (``send``, ``recv``, the barriers, ``prefetch``, ``listen_and_serv``,
-  ``checkpoint_notify``) have the traits ``rpc``, ``host`` and ``side_effect``: they run on the host
+  ``checkpoint_notify``, Geo-SGD's ``geo_sync``) have the traits ``rpc``, ``host`` and ``side_effect``: they run on the host
   between compiled runs and are never removed or reordered. ``split_selected_rows``, ``split_ids``
   and ``merge_ids`` run on the host (``host`` only); ``split_byref`` is pure computation.
   ``lookup_sparse_table`` may grow its table (``auto_grown_table``), so it is ``host`` and
@@ -354,4 +354,57 @@ defop(
     grad=NO_GRAD,
     traits=("host",),
     doc="Out = X[TrainerId]: the variable of the trainer whose request is served (DC-ASGD's backup)",
+)
+
+
+
+def _infer_geo_sync(ctx: InferContext) -> None:
+    xs = ctx.inputs("X")
+    for slot in ("Out", "SnapshotOut"):
+        if ctx.num_outputs(slot) != len(xs):
+            _fail(ctx, f"{ctx.num_outputs(slot)} {slot} for {len(xs)} X; expected one each (updated in place)",
+                  "list the parameters in X and Out, their snapshots in Snapshot and SnapshotOut")
+    if len(ctx.inputs("Snapshot")) != len(xs):
+        _fail(ctx, f"{len(ctx.inputs('Snapshot'))} Snapshot for {len(xs)} X; expected one snapshot per parameter",
+              "give each parameter's snapshot (its value at the last sync)")
+    counts = list(ctx.attr("block_counts"))
+    if len(counts) != len(xs) or any(c < 1 for c in counts):
+        _fail(ctx, f"block_counts {counts} must have one entry >= 1 per X ({len(xs)} X)",
+              "give the number of pserver blocks of each parameter")
+    for attr in ("sections", "epmap", "block_names", "delta_names"):
+        _check_count(ctx, attr, sum(counts), "parameter blocks")
+    if ctx.attr("push_nums") < 1:
+        _fail(ctx, f"push_nums is {ctx.attr('push_nums')}; expected >= 1", "sync every k >= 1 runs")
+    sections = list(ctx.attr("sections"))
+    start = 0
+    for x, c in zip(xs, counts):
+        rows = sections[start:start + c]
+        start += c
+        if not x.shape or (x.shape[0] >= 0 and sum(rows) != x.shape[0]):
+            _fail(ctx, f"sections {rows} do not tile a parameter of shape {list(x.shape)}",
+                  "the rows of a parameter's blocks must add up to its first dimension")
+    ctx.set_output("Out", [VarInfo(x.shape, x.dtype, x.type) for x in xs])
+    ctx.set_output("SnapshotOut", [VarInfo(x.shape, x.dtype, x.type) for x in xs])
+    step = ctx.input("Step")
+    ctx.set_output("StepOut", VarInfo(step.shape, step.dtype, step.type))
+
+
+defop(
+    "geo_sync",
+    inputs=["X*", "Snapshot*", "Step"],
+    outputs=["Out*", "SnapshotOut*", "StepOut"],
+    attrs=[
+        A("block_counts", K.INTS, [], "number of pserver blocks of each X"),
+        A("sections", K.INTS, [], "rows of each block (the blocks of X[0] first, in row order)"),
+        A("epmap", K.STRINGS, [], "pserver holding each block"),
+        A("block_names", K.STRINGS, [], "the pserver variable holding each block (fetched after the sync)"),
+        A("delta_names", K.STRINGS, [], "the name each block's delta is sent as"),
+        A("push_nums", K.INT, 100, "sync every push_nums-th step (Geo-SGD's k)"),
+        A("trainer_id", K.INT, 0, "id of the trainer"),
+    ],
+    infer=_infer_geo_sync,
+    grad=NO_GRAD,
+    traits=NETWORK_TRAITS,
+    doc="Geo-SGD: count the step (Step); every push_nums-th, send each block's change since the last sync "
+        "(X - Snapshot) to its pserver, fetch the merged blocks into Out (= X) and SnapshotOut (= Snapshot)",
 )

@@ -9,6 +9,9 @@ Distributed lookup tables shard ids by ``id % n`` over the ``n`` pservers: ``spl
 and sorts the ids (or buckets a selected-rows gradient's rows, keeping global ids and the height; like
 ``split_selected_rows`` it first merges duplicate rows, so only touched rows travel, each once),
 ``prefetch`` asks each pserver for its shard's rows, ``merge_ids`` puts them back in the ids' order.
+
+Geo-SGD's ``geo_sync`` keeps its state in the program (the step counter and the snapshots are
+persistable variables), so the kernel holds none.
 """
 from __future__ import annotations
 
@@ -130,6 +133,38 @@ def _runs(ctx: Any, client: Any) -> _BlockRuns:
             del per_program[stale]  # an older version's runs are dead
         runs = per_program[key] = _BlockRuns(ctx.block.ops)
     return runs
+
+
+@host_kernel("geo_sync")
+def geo_sync(ctx: Any, op: Operator) -> None:
+    """Geo-SGD. Count the step; every ``push_nums``-th: send each parameter block's change since the last
+    sync (``X - Snapshot``, in the parameter's dtype) as its delta name, then fetch the merged blocks (the
+    client's ``get`` waits for the sends first), concatenate them into each parameter and take a copy as
+    its new snapshot. The values are numpy arrays: the next compiled step reads them from the scope."""
+    step = int(np.asarray(_value(ctx, op.input("Step")[0], op)).reshape(-1)[0]) + 1
+    ctx.scope.set_var(op.output("StepOut")[0], np.array([step], np.int64))
+    if step % int(op.attr("push_nums")):
+        return
+    client = _client(ctx, op)
+    counts, sections = list(op.attr("block_counts")), list(op.attr("sections"))
+    epmap, blocks, deltas = list(op.attr("epmap")), list(op.attr("block_names")), list(op.attr("delta_names"))
+    start = 0
+    for param, snapshot, count in zip(op.input("X"), op.input("Snapshot"), counts):
+        now = np.asarray(_value(ctx, param, op))
+        delta = now - np.asarray(_value(ctx, snapshot, op), dtype=now.dtype)
+        bounds = np.cumsum(sections[start:start + count])[:-1].tolist()
+        for piece, endpoint, name in zip(np.split(delta, bounds, axis=0), epmap[start:start + count],
+                                         deltas[start:start + count]):
+            client.send(endpoint, name, np.ascontiguousarray(piece))
+        start += count
+    merged = client.get(list(zip(epmap, blocks)))
+    start = 0
+    for param, snapshot, count in zip(op.output("Out"), op.output("SnapshotOut"), counts):
+        pieces = [np.asarray(v) for v in merged[start:start + count]]
+        value = np.concatenate(pieces, axis=0) if count > 1 else np.array(pieces[0], copy=True)
+        ctx.scope.set_var(param, value)
+        ctx.scope.set_var(snapshot, value.copy())  # never aliased with the parameter (donated next step)
+        start += count
 
 
 @host_kernel("send_barrier")

@@ -169,6 +169,16 @@ def _rpc_cases() -> list[Case]:
              expect={"Out": [((-1, 8), "float32", "lod_tensor")]}, traits=IO),
         Case("checkpoint_notify", "checkpoint_notify", {}, {}, {},
              {"epmap": eps, "dir": "/tmp/ckpt", "lookup_table": "t"}, traits=NET),
+        Case("geo_sync", "geo_sync",
+             {"w": param(4, 3), "b": param(3), "ws": dense(4, 3), "bs": dense(3), "step": dense(1, dtype="int64")},
+             {"X": ["w", "b"], "Snapshot": ["ws", "bs"], "Step": ["step"]},
+             {"Out": ["w", "b"], "SnapshotOut": ["ws", "bs"], "StepOut": ["step"]},
+             {"block_counts": [2, 1], "sections": [2, 2, 3], "epmap": eps + eps[:1],
+              "block_names": ["w.block0", "w.block1", "b"], "delta_names": ["w.block0@DELTA", "w.block1@DELTA", "b@DELTA"],
+              "push_nums": 4},
+             expect={"Out": [((4, 3), "float32", "lod_tensor"), ((3,), "float32", "lod_tensor")],
+                     "SnapshotOut": [((4, 3), "float32", "lod_tensor"), ((3,), "float32", "lod_tensor")],
+                     "StepOut": [((1,), "int64", "lod_tensor")]}, traits=NET),
     ]
 
 
@@ -204,7 +214,7 @@ CASES = _optimizer_cases() + _rpc_cases() + _collective_cases() + _io_cases()
 FAMILY_OPS = {
     "sgd", "momentum", "adagrad", "adam", "rmsprop", "decayed_adagrad", "ftrl", "clip", "clip_by_norm",
     "send", "recv", "send_barrier", "fetch_barrier", "split_byref", "split_selected_rows", "split_ids", "merge_ids",
-    "prefetch", "listen_and_serv", "lookup_sparse_table", "checkpoint_notify",
+    "prefetch", "listen_and_serv", "lookup_sparse_table", "checkpoint_notify", "geo_sync",
     "gen_nccl_id", "c_allreduce_sum", "c_broadcast",
     "delete_var", "save", "load", "fake_init", "save_combine", "load_combine",
 }

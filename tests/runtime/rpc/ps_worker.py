@@ -2,7 +2,7 @@
 
 ``python -m tests.runtime.rpc.ps_worker --out DIR [--model fc|table] [--opt sgd|momentum|adam]
 [--lr const|exp] [--async] [--steps N] [--first-step S] [--save-at K --ckpt DIR] [--load DIR] [--hold]
-[--die-at K] [--sleep S] [--resume]``
+[--die-at K] [--sleep S] [--resume] [--geo K]``
 
 A pserver runs its startup program (then loads ``--load``'s checkpoint), saves its initial state to
 ``DIR/pserver_<id>_init.npz``, serves, and saves its final state to ``DIR/pserver_<id>.npz``. A trainer
@@ -12,7 +12,8 @@ holds to ``DIR/trainer_<id>.npz`` and closes its executor (sending Complete). ``
 trainer 0 save a checkpoint after K steps (``--hold`` then keeps every trainer alive until killed);
 ``--die-at K`` makes the trainer SIGKILL itself at the start of step K. ``--resume`` (a restarted trainer)
 starts at the step the pservers admit it at (its client's step after the startup program) instead of
-``--first-step``, and trains up to the same last step.
+``--first-step``, and trains up to the same last step. ``--geo K`` (with ``--async``) transpiles in Geo-SGD
+mode syncing every K steps; a trainer then also saves its losses to ``DIR/trainer_<id>_loss.npy``.
 """
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def transpiler(args: argparse.Namespace, role: Any) -> tuple[DistributeTranspile
     main, startup = build(args.model, args.opt, args.lr)
     config = DistributeTranspilerConfig()
     config.min_block_size = 64  # fc_w (12 x 40) is sliced over the pservers
+    if args.geo:
+        config.geo_sgd_mode, config.geo_sgd_need_push_nums = True, args.geo
     t = DistributeTranspiler(config)
     t.transpile(role.trainer_id, program=main, startup_program=startup, pservers=role.pservers,
                 trainers=role.trainers, sync_mode=not args.async_mode)
@@ -99,6 +102,7 @@ def main() -> int:
     ap.add_argument("--die-at", type=int, default=-1)
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--geo", type=int, default=0)
     args = ap.parse_args()
 
     import runtime
@@ -130,10 +134,12 @@ def main() -> int:
 
         first = client_for(exe, role.trainer_id).step
         print(f"trainer {role.trainer_id} resumes at step {first}", flush=True)
+    loss = [op.output("Out")[0] for op in prog.global_block().ops if op.type == "mean"][:1] if args.geo else []
+    losses = []
     for step in range(first, args.first_step + args.steps):
         if step == args.die_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        exe.run(prog, feed=batch(args.model, role.trainer_id, step), scope=scope)
+        losses += exe.run(prog, feed=batch(args.model, role.trainer_id, step), fetch_list=loss, scope=scope)
         print(f"trainer {role.trainer_id} step {step}", flush=True)
         if args.sleep:
             time.sleep(args.sleep)
@@ -144,6 +150,8 @@ def main() -> int:
         while True:
             time.sleep(1)
     save(args.out / f"trainer_{role.trainer_id}.npz", scope, names)
+    if args.geo:
+        np.save(args.out / f"trainer_{role.trainer_id}_loss.npy", np.array([float(np.mean(v)) for v in losses]))
     exe.close()
     return 0
 
