@@ -134,6 +134,7 @@ class ServeConfig:
     sparse_grad_to_param: dict[str, str]
     checkpoint_block: int
     dc_asgd: bool
+    geo_sgd: bool = False  # distributed_mode 3: the dense entries are parameter deltas, pushed every k steps
 
     @classmethod
     def from_op(cls, op: Operator) -> "ServeConfig":
@@ -147,7 +148,8 @@ class ServeConfig:
             optimize_blocks=tuple(b.idx for b in op.attr("optimize_blocks")),
             grad_to_block=_entries(op, "grad_to_block_id"), lr_block=int(op.attr("lr_decay_block_id")),
             prefetch_to_block=_entries(op, "prefetch_var_name_to_block_id"), sparse_grad_to_param=sparse,
-            checkpoint_block=int(op.attr("checkpoint_block_id")), dc_asgd=bool(op.attr("dc_asgd")))
+            checkpoint_block=int(op.attr("checkpoint_block_id")), dc_asgd=bool(op.attr("dc_asgd")),
+            geo_sgd=int(op.attrs.get("distributed_mode", 0)) == 3)
 
 
 @dataclass
@@ -228,6 +230,7 @@ class PServer:
         self.rejected_nonfinite = 0
         self._last_seen = {t: time.monotonic() for t in self._live}
         self._sync = _SyncState()
+        self._lr_trigger = self._lr_trigger_block()
         self._failure: PServerError | None = None
         self.steps_run = 0
 
@@ -653,11 +656,19 @@ class PServer:
             self._sync = _SyncState(step=st.step + 1)
             self._cv.notify_all()
 
+    def _lr_trigger_block(self) -> int:
+        """The optimize block whose every run first advances the learning-rate block (async mode): the
+        first gradient's; under Geo-SGD the dense entries are deltas pushed every k steps, so a
+        distributed table's gradient (sent every step) when this pserver has one."""
+        entries = list(self.config.grad_to_block)
+        if self.config.geo_sgd:
+            entries = [g for g in entries if g in self.config.sparse_grad_to_param] or entries
+        return self.config.grad_to_block[entries[0]] if entries else -1
+
     def _apply_async(self, t: int, name: str, value: Any) -> None:
         idx = self._grad_block[name]
-        first_grad = next(iter(self.config.grad_to_block))
         with self._block_locks[idx]:
-            if self.config.lr_block >= 0 and idx == self.config.grad_to_block[first_grad]:
+            if self.config.lr_block >= 0 and idx == self._lr_trigger:
                 with self._block_locks[self.config.lr_block]:
                     self._run_block(self.config.lr_block, self.scope)
             scope = self.scope.new_scope()

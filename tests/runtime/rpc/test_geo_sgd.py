@@ -75,3 +75,53 @@ def fc_loss(p: dict[str, np.ndarray], feeds: list[dict[str, np.ndarray]]) -> flo
     x, y = np.concatenate([f["x"] for f in feeds]), np.concatenate([f["y"] for f in feeds])
     h = np.maximum(x @ p["fc_w"] + p["fc_b"], 0.0)
     return float(np.mean((h @ p["out_w"] + p["out_b"] - y) ** 2))
+
+
+def test_the_tables_learning_rate_decays_per_table_gradient_not_per_delta() -> None:
+    """A pserver in Geo-SGD mode advances its learning-rate block with the table's gradient (sent every
+    step), never with the dense deltas (pushed every k steps)."""
+    import runtime
+    from ir import layers, optimizer
+    from ir.core import Program, program_guard
+    from ir.learning_rate import exponential_decay
+    from ir.names import unique_name
+    from ir.param_attr import ParamAttr
+    from runtime.rpc.pserver import PServer
+    from runtime.rpc.wire import decode_variable, encode_variable
+    from runtime.scope import Scope, SelectedRows
+    from tests.runtime.rpc.conftest import inc, listen_op
+
+    main, startup = Program(), Program()
+    with unique_name.guard(), program_guard(main, startup):
+        ids = layers.data(name="ids", shape=[2], dtype="int64")
+        emb = layers.embedding(ids, size=[50, 4], is_sparse=True, is_distributed=True,
+                               param_attr=ParamAttr(name="table"))
+        pred = layers.fc(layers.reshape(emb, [-1, 8]), 1, param_attr=ParamAttr(name="fc_w"))
+        loss = layers.mean(layers.square_error_cost(input=pred, label=layers.data(name="y", shape=[1])))
+        optimizer.SGD(learning_rate=exponential_decay(0.1, 10, 0.5)).minimize(loss)
+    ep = "127.0.0.1:6174"
+    t = DistributeTranspiler(DistributeTranspilerConfig(geo_sgd_mode=True, geo_sgd_need_push_nums=4))
+    t.transpile(0, program=main, startup_program=startup, pservers=ep, trainers=1, sync_mode=False)
+    prog, pstartup = t.get_pserver_programs(ep)
+    exe, scope = runtime.Executor(), Scope()
+    exe.run(pstartup, scope=scope)
+    ps = PServer(prog, scope, listen_op(prog), lambda idx, s: exe.run_block(prog, idx, s))
+    ps.announce(0, inc(0))
+    (counter,) = [n for op in prog.block(ps.config.lr_block).ops if op.type == "increment" for n in op.output("Out")]
+
+    def count() -> float:
+        return float(np.asarray(scope.find_var(counter)).reshape(-1)[0])
+
+    block = prog.global_block()
+    deltas = [n for n in listen_op(prog).input("X") if n.endswith("@DELTA")]
+    (table_grad,) = [n for n in listen_op(prog).input("X") if n in ps.config.sparse_grad_to_param]
+    start = count()
+    for seq in (1, 2):
+        for name in deltas:
+            value = np.zeros(block.var(name).shape, np.float32)
+            ps.send(decode_variable(encode_variable(name, value, trainer_id=0, seq=seq, incarnation=inc(0))))
+    assert count() == start  # deltas leave the learning rate alone
+    rows = SelectedRows(np.array([3, 7]), np.ones((2, 4), np.float32), 50)
+    for seq in (1, 2, 3):
+        ps.send(decode_variable(encode_variable(table_grad, rows, trainer_id=0, seq=seq, incarnation=inc(0))))
+    assert count() == start + 3
