@@ -19,14 +19,15 @@ from tests.runtime.rpc.test_ps_training import Cluster, clusters, local_referenc
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
 
 
-def pserver_params(out: pathlib.Path, endpoints: list[str], trainers: int) -> dict[str, np.ndarray]:
-    """The dense parameters the pservers ended with, their blocks put together by the plan."""
+def pserver_params(out: pathlib.Path, endpoints: list[str], trainers: int, when: str = "") -> dict[str, np.ndarray]:
+    """The dense parameters the pservers ended with (``when="_init"``: started with), their blocks put
+    together by the plan."""
     config = DistributeTranspilerConfig(min_block_size=64, geo_sgd_mode=True, geo_sgd_need_push_nums=2)
     t = DistributeTranspiler(config)
     main, startup = ps_worker.build("fc", "sgd", "const")
     t.transpile(0, program=main, startup_program=startup, pservers=",".join(endpoints), trainers=trainers,
                 sync_mode=False)
-    saved = [np.load(out / f"pserver_{i}.npz") for i in range(len(endpoints))]
+    saved = [np.load(out / f"pserver_{i}{when}.npz") for i in range(len(endpoints))]
     params = {}
     for name in ps_worker.DENSE_PARAMS:
         pp = t.plan.param_plan(name)
@@ -53,7 +54,8 @@ def test_one_trainer_k1_matches_local(tmp_path: pathlib.Path, clusters: Any, mod
 def test_two_trainers_k2_train_and_end_synced(tmp_path: pathlib.Path, clusters: Any) -> None:
     steps = 20
     c = run_ok(clusters, tmp_path, 2, 2, ["--async", "--geo", "2", "--steps", str(steps)])
-    init = dict(np.load(tmp_path / "trainer_0_init.npz"))
+    # The pservers' initial values (a trainer's own first fetch may already hold the other's first delta).
+    init = pserver_params(tmp_path, c.endpoints, 2, when="_init")
     held = pserver_params(tmp_path, c.endpoints, 2)
     finals = [dict(np.load(tmp_path / f"trainer_{t}.npz")) for t in range(2)]
     for name in ps_worker.DENSE_PARAMS:
