@@ -1,4 +1,5 @@
-"""The CTR reference job's shape and its synthetic data, with numpy alone: shared by Flotilla's benchmark
+"""The CTR reference job's shape, its synthetic data and the trainers' start gate, with numpy alone: shared
+by Flotilla's benchmark
 worker (``bench/ps_bench_worker.py``) and Paddle's (``bench/paddle_ps_worker.py``, which runs in an
 interpreter that has paddlepaddle and none of Flotilla's dependencies), so both train on the same batches.
 
@@ -6,6 +7,9 @@ The job: 26 int64 slots sharing ONE ``[table_rows, 16]`` sparse table, 13 dense 
 400-400-400 relu → fc 2 softmax, mean cross entropy, SGD 0.01, batch 512.
 """
 from __future__ import annotations
+
+import pathlib
+import time
 
 import numpy as np
 
@@ -36,3 +40,29 @@ def make_batches(seed: int, count: int, batch_size: int, table_rows: int, id_dis
         out.append({"dense_input": dense, "sparse_input": ids,
                     "label": (logit > 0).astype(np.int64).reshape(-1, 1)})
     return out
+
+
+class Gate:
+    """Lines the trainers of a job up so their timed windows coincide: each writes ``ready.<tag>`` into
+    ``directory`` after its warm-up and waits (at most ``timeout`` seconds) until ``count`` have, and
+    writes ``done.<tag>`` after its timed steps (``ps_bench.py`` samples the job's CPU time between
+    the two). No directory: no gate."""
+
+    def __init__(self, directory: str, count: int, tag: str, timeout: float) -> None:
+        self.dir = pathlib.Path(directory) if directory else None
+        self.count, self.tag, self.timeout = count, tag, timeout
+
+    def arrive(self) -> None:
+        if self.dir is None:
+            return
+        (self.dir / f"ready.{self.tag}").touch()
+        end = time.monotonic() + self.timeout
+        while len(list(self.dir.glob("ready.*"))) < self.count:
+            if time.monotonic() > end:
+                raise TimeoutError(f"{self.tag}: the other trainers did not finish warming up within "
+                                   f"{self.timeout:g}s")
+            time.sleep(0.002)
+
+    def leave(self) -> None:
+        if self.dir is not None:
+            (self.dir / f"done.{self.tag}").touch()

@@ -23,7 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench.ctr_data import EMB_DIM, HIDDEN, LEARNING_RATE, NUM_DENSE, NUM_SLOTS, TABLE, make_batches  # noqa: E402
+from bench.ctr_data import (EMB_DIM, HIDDEN, LEARNING_RATE, NUM_DENSE, NUM_SLOTS, TABLE, Gate,  # noqa: E402
+                             make_batches)
 
 
 def _environ(args: argparse.Namespace) -> None:
@@ -96,21 +97,14 @@ def main() -> None:
     for batch in batches[:args.warmup]:
         (value,) = exe.run(main_prog, feed=batch, fetch_list=[loss])
         losses.append(float(np.asarray(value).ravel()[0]))
-    if args.gate:
-        gate = pathlib.Path(args.gate)
-        (gate / f"ready.trainer{args.trainer_id}").touch()
-        end = time.monotonic() + args.timeout
-        while len(list(gate.glob("ready.*"))) < args.gate_count:
-            if time.monotonic() > end:
-                raise SystemExit(f"trainer {args.trainer_id}: the other trainers did not warm up in time")
-            time.sleep(0.002)
+    gate = Gate(args.gate, args.gate_count, f"trainer{args.trainer_id}", args.timeout)
+    gate.arrive()
     start, cpu_start = time.time(), time.process_time()
     for batch in batches[args.warmup:]:
         (value,) = exe.run(main_prog, feed=batch, fetch_list=[loss])
         losses.append(float(np.asarray(value).ravel()[0]))
     end_t, cpu_end = time.time(), time.process_time()
-    if args.gate:
-        (pathlib.Path(args.gate) / f"done.trainer{args.trainer_id}").touch()
+    gate.leave()
     fleet.stop_worker()
     result = {"trainer_id": args.trainer_id, "steps": args.steps, "examples": args.steps * args.batch_size,
               "start": start, "end": end_t, "examples_per_s": args.steps * args.batch_size / (end_t - start),

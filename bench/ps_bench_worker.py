@@ -43,7 +43,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import ir  # noqa: E402
-from bench.ctr_data import EMB_DIM, HIDDEN, LEARNING_RATE, NUM_DENSE, NUM_SLOTS, TABLE, make_batches  # noqa: E402
+from bench.ctr_data import (EMB_DIM, HIDDEN, LEARNING_RATE, NUM_DENSE, NUM_SLOTS, TABLE, Gate,  # noqa: E402
+                             make_batches)
 from ir import layers, optimizer  # noqa: E402
 from ir.core import Program  # noqa: E402
 from ir.errors import FlotillaError  # noqa: E402
@@ -282,32 +283,6 @@ def _train(args: argparse.Namespace, distributed: bool) -> dict[str, Any]:
             "cpu_s": cpu_end - cpu_start, "cpu_main_thread_s": main_end - main_start,
             "losses": losses, "unique_ids_per_step": float(np.mean(unique)),
             "ids_per_step": args.batch_size * NUM_SLOTS, "dense_param_bytes": dense_bytes, "wire": wire}
-
-
-class Gate:
-    """Lines the trainers of a job up so their timed windows coincide: each writes ``ready.<tag>`` into
-    ``directory`` after its warm-up and waits (at most ``timeout`` seconds) until ``count`` have, and
-    writes ``done.<tag>`` after its timed steps (``ps_bench.py`` samples the job's CPU time between
-    the two). No directory: no gate."""
-
-    def __init__(self, directory: str, count: int, tag: str, timeout: float) -> None:
-        self.dir = pathlib.Path(directory) if directory else None
-        self.count, self.tag, self.timeout = count, tag, timeout
-
-    def arrive(self) -> None:
-        if self.dir is None:
-            return
-        (self.dir / f"ready.{self.tag}").touch()
-        end = time.monotonic() + self.timeout
-        while len(list(self.dir.glob("ready.*"))) < self.count:
-            if time.monotonic() > end:
-                raise FlotillaError(f"{self.tag}: the other trainers did not finish warming up within "
-                                    f"{self.timeout:g}s")
-            time.sleep(0.002)
-
-    def leave(self) -> None:
-        if self.dir is not None:
-            (self.dir / f"done.{self.tag}").touch()
 
 
 def run_trainer(args: argparse.Namespace) -> None:
