@@ -43,6 +43,19 @@ def dc_asgd_backup_name(param: str, trainer_id: int) -> str:
     return f"{param}.trainer_{trainer_id}_bak"
 
 
+def geo_updates_name(table: str) -> str:
+    """Geo-SGD: what a trainer fetches from a pserver to get the rows of its shard of distributed table
+    ``table`` that changed since this trainer last fetched them (``table@GEO_UPDATES``, served as
+    selected rows with global row ids; not a variable of any program)."""
+    return f"{table}@GEO_UPDATES"
+
+
+def geo_touched_name(table: str) -> str:
+    """Geo-SGD: the trainer's mask of the rows of ``table`` it looked up since its last sync
+    (``table@GEO_TOUCHED``, persistable bool ``[rows]``)."""
+    return f"{table}@GEO_TOUCHED"
+
+
 class UniqueNameGenerator:
     """Hands out ``prefix_N`` names, counting per prefix."""
 

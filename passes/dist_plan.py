@@ -114,6 +114,12 @@ class TablePlan:
         base = self.grad if trainer_id is None else trainer_copy_name(self.grad, trainer_id)
         return f"{base}.pserver_{pserver_index}"
 
+    @property
+    def delta_name(self) -> str:
+        """Geo-SGD: the name a trainer sends the change of its touched table rows under (``table@DELTA``,
+        selected rows with global row ids, one shard per pserver)."""
+        return f"{self.table}@DELTA"
+
     def prefetch_in_name(self, pserver_index: int) -> str:
         return f"prefetch_compress_in_tmp_{pserver_index}"
 

@@ -32,6 +32,12 @@ Guarantees:
   ``prefetch_var_name_to_block_id`` and ``checkpoint_block_id`` entries.
 - each pserver startup: the table's and its accumulators' init ops (same attributes and seeds), shape
   set to the shard's; the other inputs of the table optimizer (its beta powers) initialised whole.
+
+Geo-SGD (``plan.geo_sgd``): the trainer programs keep the table (``trainer_send_recv`` and
+``geo_sgd_startup`` add its sync); each pserver declares the shard and the delta ``table@DELTA``
+(selected rows of the whole table's height, not persistable), and its table block is
+``sum(table, table@DELTA) -> table``; there is no prefetch block, no optimizer and no accumulator on the
+pserver; ``grad_to_block_id`` and ``sparse_grad_to_param`` map the delta.
 """
 from __future__ import annotations
 
@@ -77,9 +83,10 @@ class DistributedTable(Pass):
         if table is None:
             return False
         plan = ctx.require_placed(self.name)
-        role = programs[trainer_role(plan.trainer_id)]
-        self._rewrite_trainer(role.main.global_block(), plan, table)
-        self._rewrite_trainer_startup(role.startup.global_block(), ctx, table)
+        if not plan.geo_sgd:  # a Geo-SGD trainer keeps the table (trainer_send_recv, geo_sgd_startup)
+            role = programs[trainer_role(plan.trainer_id)]
+            self._rewrite_trainer(role.main.global_block(), plan, table)
+            self._rewrite_trainer_startup(role.startup.global_block(), ctx, table)
         for i, ep in enumerate(plan.pservers):
             ps = programs[pserver_role(ep)]
             self._rewrite_pserver(ps.main, ctx, plan, table, i)
@@ -150,8 +157,11 @@ class DistributedTable(Pass):
         g.add_var(tvar.replace(shape=table.shard_shape, persistable=True,
                                slice_of=table.table, slice_index=i, slice_offset=i))
         gvar = ob.var(table.grad)
-        merged = Variable(name=table.shard_grad_name(i), shape=gvar.shape, dtype=gvar.dtype, type="selected_rows",
-                          persistable=True)
+        if plan.geo_sgd:
+            merged = Variable(name=table.delta_name, shape=gvar.shape, dtype=gvar.dtype, type="selected_rows")
+        else:
+            merged = Variable(name=table.shard_grad_name(i), shape=gvar.shape, dtype=gvar.dtype,
+                              type="selected_rows", persistable=True)
         g.add_var(merged)
         inputs = [merged.name]
         if plan.uses_trainer_copies:
@@ -168,17 +178,23 @@ class DistributedTable(Pass):
             parent = prog.num_blocks - 1 if lr_block >= 0 else 0
         tblk = prog.create_block(parent)
         prog.rollback()
-        self._fill_table_block(tblk, ob, plan, table, merged.name, inputs, table_ops(ctx, table))
-
-        ids_dtype = "int64"
-        pin, pout = table.prefetch_in_name(i), table.prefetch_out_name(i)
-        g.add_var(Variable(name=pin, shape=(-1, 1), dtype=ids_dtype))
-        g.add_var(Variable(name=pout, shape=(-1,) + tuple(table.shape[1:]), dtype=tvar.dtype))
-        pblk = prog.create_block(tblk.idx)
-        prog.rollback()
-        pblk.append_op("lookup_sparse_table", {"W": [table.table], "Ids": [pin]}, {"Out": [pout]},
-                       {"is_sparse": True, "is_distributed": True, "padding_idx": -1,
-                        OP_ROLE_ATTR: int(OpRole.OPTIMIZE)})
+        if plan.geo_sgd:
+            tblk.append_op("sum", {"X": [table.table, merged.name]}, {"Out": [table.table]},
+                           {OP_ROLE_ATTR: int(OpRole.OPTIMIZE), OP_ROLE_VAR_ATTR: [table.table, merged.name],
+                            "use_mkldnn": False})
+        else:
+            self._fill_table_block(tblk, ob, plan, table, merged.name, inputs, table_ops(ctx, table))
+            ids_dtype = "int64"
+            pin, pout = table.prefetch_in_name(i), table.prefetch_out_name(i)
+            g.add_var(Variable(name=pin, shape=(-1, 1), dtype=ids_dtype))
+            g.add_var(Variable(name=pout, shape=(-1,) + tuple(table.shape[1:]), dtype=tvar.dtype))
+            pblk = prog.create_block(tblk.idx)
+            prog.rollback()
+            pblk.append_op("lookup_sparse_table", {"W": [table.table], "Ids": [pin]}, {"Out": [pout]},
+                           {"is_sparse": True, "is_distributed": True, "padding_idx": -1,
+                            OP_ROLE_ATTR: int(OpRole.OPTIMIZE)})
+            serv.set_attr("prefetch_var_name_to_block_id",
+                          list(serv.attr("prefetch_var_name_to_block_id")) + [f"{pin}:{pblk.idx}"])
         cblk = prog.create_block(tblk.idx)
         prog.rollback()
         cblk.append_op("save", {"X": [table.table]}, {}, {"file_path": CHECKPOINT_PATH,
@@ -189,8 +205,6 @@ class DistributedTable(Pass):
         serv.set_attr("grad_to_block_id", list(serv.attr("grad_to_block_id")) + [f"{merged.name}:{tblk.idx}"])
         serv.set_attr("sparse_grad_to_param",
                       list(serv.attr("sparse_grad_to_param")) + [f"{merged.name}:{table.table}"])
-        serv.set_attr("prefetch_var_name_to_block_id",
-                      list(serv.attr("prefetch_var_name_to_block_id")) + [f"{pin}:{pblk.idx}"])
         serv.set_attr("checkpoint_block_id", cblk.idx)
 
     @staticmethod
@@ -225,7 +239,9 @@ class DistributedTable(Pass):
             if not g.has_var(v.name):
                 g.add_var(v)
         done = {n for op in g.ops for n in op.output_arg_names}
-        wanted = {table.table, *(n for op in table_ops(ctx, table) for n in op.input_arg_names)}
+        wanted = {table.table}
+        if not ctx.plan.geo_sgd:  # the table's optimizer runs here
+            wanted.update(n for op in table_ops(ctx, table) for n in op.input_arg_names)
         src = ctx.origin_startup.global_block()
         for op in src.ops:
             outs = op.output_arg_names

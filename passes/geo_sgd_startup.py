@@ -5,7 +5,10 @@ declares the state in the main program) and ``trainer_startup`` (which fetches t
 Guarantees: the trainer startup program declares the step counter ``@GEO_SGD_STEP@`` and one snapshot
 ``<param>@GEO_SNAPSHOT`` per planned parameter (as the main program does), and ends with a
 ``fill_constant`` 0 of the counter and, per parameter in plan order, an ``assign`` of the parameter (as
-received from the pservers) to its snapshot: the first sync's deltas are measured from there.
+received from the pservers) to its snapshot: the first sync's deltas are measured from there. With a
+distributed table, the table's own init op is dropped (its values come from the pservers), the table's
+snapshot and touched mask are declared, and a last ``geo_table_init`` fetches every shard into the table
+and its snapshot and clears the mask.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from ir.program_set import ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.pass_base import Pass, PassContext, PassError
-from passes.trainer_send_recv import GEO_STEP_VAR, geo_state_vars, trainer_role
+from passes.trainer_send_recv import GEO_STEP_VAR, geo_state_vars, geo_table_state_vars, rpc_attrs, trainer_role
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,8 @@ class GeoSgdStartup(Pass):
         if not plan.geo_sgd:
             raise PassError(f"pass {self.name!r} needs a Geo-SGD plan (geo_sgd_mode)",
                             hint="run it only with DistributeTranspilerConfig(geo_sgd_mode=True)")
-        if not plan.params:
+        table = plan.table
+        if not plan.params and table is None:
             return False
         block = programs[trainer_role(plan.trainer_id)].startup.global_block()
         state = geo_state_vars(block, plan)
@@ -38,6 +42,15 @@ class GeoSgdStartup(Pass):
                         {"shape": [1], "dtype": "int64", "value": 0.0, **attrs})
         for pp, snapshot in zip(plan.params, state[1:]):
             block.append_op("assign", {"X": [pp.param]}, {"Out": [snapshot.name]}, attrs)
+        if table is not None:
+            for index in reversed([i for i, op in enumerate(block.ops) if op.output_arg_names == [table.table]]):
+                block.remove_op(index)
+            snapshot, touched = geo_table_state_vars(block, table)
+            block.append_op("geo_table_init", {}, {"Table": [table.table], "TableSnapshot": [snapshot.name],
+                                                   "Touched": [touched.name]},
+                            rpc_attrs(epmap=list(table.endpoints), table_name=table.table, rows=table.shape[0],
+                                      width=table.shape[1], dtype=block.var(table.table).dtype,
+                                      trainer_id=plan.trainer_id))
         return True
 
 

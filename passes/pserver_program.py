@@ -23,8 +23,9 @@ Guarantees, per endpoint:
   compensation ``g + g*g*(w - bak)`` that the optimizer op then uses as ``Grad``.
 - Geo-SGD (``plan.geo_sgd``): instead of the merged gradient, block 0 declares each owned slice's
   delta (``VarBlock.delta_name``, same shape and dtype, received as is) and the slice's optimize
-  block is ``sum(slice, delta) -> slice``; ``grad_to_block_id`` maps the deltas;
-  ``distributed_mode`` is 3. (The trainers run the optimizer; the distributed table is unchanged.)
+  block is ``sum(slice, delta) -> slice``; ``grad_to_block_id`` maps the deltas; there is no
+  learning-rate block; ``distributed_mode`` is 3. (The trainers run every optimizer, the distributed
+  table's too: see ``distributed_table``.)
 - ``grad_to_block_id`` lists ``"<merged grad>:<block>"`` in block order; ``pservers`` is the number of
   pserver endpoints (the row stride of a distributed table's shards).
 """
@@ -116,7 +117,7 @@ class PserverProgram(Pass):
                 inputs.append(gb.name)
         opt_blocks: list[int] = []
         lr_block = -1
-        lrs = lr_ops(origin)
+        lrs = [] if plan.geo_sgd else lr_ops(origin)  # Geo-SGD: every optimizer runs on the trainers
         if lrs:
             lr_block = self._lr_block(origin, prog, lrs)
             opt_blocks.append(lr_block)

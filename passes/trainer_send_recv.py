@@ -15,24 +15,30 @@ Guarantees, as Fluid 1.5 (``transpile`` + ``get_trainer_program``):
   and ``concat`` of the blocks of every sliced parameter.
 Control-dependency variables are ``raw`` with shape ``[]`` and deterministic names.
 
-Geo-SGD (``plan.geo_sgd``): the dense parameters train locally, so only the optimize ops of the
-distributed table (``op_role_var`` naming it first) are dropped (the table's own rewrite is
-``distributed_table``'s); no gradient is split, sent or received; one ``geo_sync`` op is appended
-last, over every planned parameter in plan order (``X``/``Out``), their snapshots (``<param>@GEO_SNAPSHOT``,
-persistable, ``copy_of`` the parameter; ``Snapshot``/``SnapshotOut``) and the persistable int64 step
-counter ``@GEO_SGD_STEP@`` (``Step``/``StepOut``), with each block's endpoint, rows, pserver name and
-delta name (``VarBlock.delta_name``) and ``push_nums`` = k. (``geo_sgd_startup`` initialises the state.)
+Geo-SGD (``plan.geo_sgd``): every parameter trains locally, the distributed table included (the
+trainer holds the whole table and its optimizer state, as Fluid 1.6's Geo-SGD does), so no op is
+dropped and no gradient is split, sent or received; one ``geo_sync`` op is appended last, over every
+planned parameter in plan order (``X``/``Out``), their snapshots (``<param>@GEO_SNAPSHOT``, persistable,
+``copy_of`` the parameter; ``Snapshot``/``SnapshotOut``) and the persistable int64 step counter
+``@GEO_SGD_STEP@`` (``Step``/``StepOut``), with each block's endpoint, rows, pserver name and delta name
+(``VarBlock.delta_name``) and ``push_nums`` = k. With a distributed table it also takes the table
+(``Table``/``TableOut``), its snapshot (``TableSnapshot``/``TableSnapshotOut``), the ids of every lookup
+of it (``TableIds``), a persistable bool ``[rows]`` mask of the rows looked up since the last sync
+(``table@GEO_TOUCHED``; ``Touched``/``TouchedOut``), the shards' endpoints (``table_epmap``), the delta's
+name (``TablePlan.delta_name``) and the updates' name (``ir.names.geo_updates_name``).
+(``geo_sgd_startup`` initialises the state.)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ir.core import Block, Parameter, Program, Variable
+from ir.names import geo_touched_name, geo_updates_name
 from ir.program_set import ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 from passes.collect_params import lr_ops, optimize_ops
-from passes.dist_plan import DistPlan, ParamPlan
+from passes.dist_plan import DistPlan, ParamPlan, TablePlan
 from passes.pass_base import Pass, PassContext, PassError
 
 SEND_BARRIER_OUT = "__control_var@send_barrier"
@@ -68,6 +74,20 @@ def geo_state_vars(block: Block, plan: DistPlan) -> list[Variable]:
                                    stop_gradient=True, copy_of=pp.param))
         out.append(block.var(name))
     return out
+
+
+def geo_table_state_vars(block: Block, table: TablePlan) -> tuple[Variable, Variable]:
+    """Declare (if needed) Geo-SGD's persistable trainer state for the distributed table in ``block``: its
+    snapshot (``copy_of`` the table) and its touched-rows mask (bool ``[rows]``); return both."""
+    snapshot = geo_snapshot_name(table.table)
+    if not block.has_var(snapshot):
+        tvar = block.var(table.table)
+        block.add_var(Variable(name=snapshot, shape=tvar.shape, dtype=tvar.dtype, persistable=True,
+                               stop_gradient=True, copy_of=table.table))
+    touched = geo_touched_name(table.table)
+    if not block.has_var(touched):
+        block.create_var(touched, shape=table.shape[:1], dtype="bool", persistable=True, stop_gradient=True)
+    return block.var(snapshot), block.var(touched)
 
 
 def control_var(block: Block, name: str) -> Variable:
@@ -164,24 +184,33 @@ class TrainerSendRecv(Pass):
 
     @staticmethod
     def _geo_sync(program: Program, plan: DistPlan) -> None:
-        """Geo-SGD: drop the table's optimize ops, keep the rest, append ``geo_sync`` (module docstring)."""
+        """Geo-SGD: keep every op, append ``geo_sync`` (module docstring)."""
         block = program.global_block()
-        if plan.table is not None:
-            doomed = {id(op) for op in optimize_ops(program) if op.role_var[:1] == [plan.table.table]}
-            for index in reversed([i for i, op in enumerate(block.ops) if id(op) in doomed]):
-                block.remove_op(index)
-        if plan.params:
-            params = [pp.param for pp in plan.params]
-            snapshots = [v.name for v in geo_state_vars(block, plan)[1:]]
-            blocks = [b for pp in plan.params for b in pp.param_blocks]
-            block.append_op("geo_sync", {"X": params, "Snapshot": snapshots, "Step": [GEO_STEP_VAR]},
-                            {"Out": params, "SnapshotOut": snapshots, "StepOut": [GEO_STEP_VAR]},
-                            rpc_attrs(block_counts=[len(pp.param_blocks) for pp in plan.params],
-                                      sections=[b.rows for b in blocks],
-                                      epmap=[ep for pp in plan.params for ep in pp.endpoints],
-                                      block_names=[b.name for b in blocks],
-                                      delta_names=[b.delta_name for b in blocks],
-                                      push_nums=plan.geo_sgd_push_nums, trainer_id=plan.trainer_id))
+        if not plan.params and plan.table is None:
+            return
+        state = geo_state_vars(block, plan)
+        ins: dict[str, list[str]] = {"X": [pp.param for pp in plan.params], "Snapshot": [v.name for v in state[1:]],
+                                     "Step": [GEO_STEP_VAR]}
+        outs = {"Out": ins["X"], "SnapshotOut": ins["Snapshot"], "StepOut": [GEO_STEP_VAR]}
+        blocks = [b for pp in plan.params for b in pp.param_blocks]
+        attrs = rpc_attrs(block_counts=[len(pp.param_blocks) for pp in plan.params], sections=[b.rows for b in blocks],
+                          epmap=[ep for pp in plan.params for ep in pp.endpoints],
+                          block_names=[b.name for b in blocks], delta_names=[b.delta_name for b in blocks],
+                          push_nums=plan.geo_sgd_push_nums, trainer_id=plan.trainer_id)
+        table = plan.table
+        if table is not None:
+            snapshot, touched = geo_table_state_vars(block, table)
+            ids = list(dict.fromkeys(op.input("Ids")[0] for op in block.ops
+                                     if op.type == "lookup_table" and op.input("W") == [table.table]))
+            if not ids:
+                raise PassError(f"the trainer program has no lookup_table op on the distributed table "
+                                f"{table.table!r}", hint="look the table up with layers.embedding(is_distributed=True)",
+                                code="E651")
+            ins.update(Table=[table.table], TableSnapshot=[snapshot.name], TableIds=ids, Touched=[touched.name])
+            outs.update(TableOut=[table.table], TableSnapshotOut=[snapshot.name], TouchedOut=[touched.name])
+            attrs.update(table_epmap=list(table.endpoints), table_delta_name=table.delta_name,
+                         table_updates_name=geo_updates_name(table.table))
+        block.append_op("geo_sync", ins, outs, attrs)
         remove_unused_vars(block)
 
     @staticmethod

@@ -580,7 +580,7 @@ def distributed_role(program: Program) -> tuple[str, int, list[str]] | None:
     for op in program.global_block().ops:
         if op.type == "listen_and_serv":
             return "pserver", max(0, int(op.attr("pserver_id"))), [op.attr("endpoint")]
-        if op.type in ("send", "recv", "prefetch", "send_barrier", "fetch_barrier", "geo_sync"):
+        if op.type in ("send", "recv", "prefetch", "send_barrier", "fetch_barrier", "geo_sync", "geo_table_init"):
             trainer_id = int(op.attr("trainer_id"))
             for ep in op.attr("endpoints" if op.type.endswith("barrier") else "epmap"):
                 endpoints[ep] = None
@@ -598,10 +598,12 @@ def pserver_checkpoint_vars(program: Program) -> list[Variable]:
 
 def _trainer_local_vars(program: Program) -> list[Variable]:
     """A trainer's own state: persistables that are not parameters (those live on the pservers), nor
-    Geo-SGD snapshots of parameters (``copy_of`` a parameter): a restarted Geo trainer fetches its
-    parameters and snapshots them anew, and a restored older snapshot would push a wrong delta."""
+    Geo-SGD snapshots of parameters (``copy_of`` a parameter) or touched-rows masks: a restarted Geo
+    trainer fetches its parameters and snapshots them anew, and a restored older snapshot would push a
+    wrong delta."""
     block = program.global_block()
-    return [v for v in block.vars.values() if is_persistable(v) and not v.is_parameter
+    masks = {n for op in block.ops if op.type == "geo_sync" for n in op.input("Touched")}
+    return [v for v in block.vars.values() if is_persistable(v) and not v.is_parameter and v.name not in masks
             and not (v.copy_of and block.has_var(v.copy_of) and block.var(v.copy_of).is_parameter)]
 
 

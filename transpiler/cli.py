@@ -378,7 +378,8 @@ def _configure_transpile_inputs(p: argparse.ArgumentParser) -> None:
                    help="the trainer to build (default: transpile: every trainer; plan: 0)")
     p.add_argument("--async", action="store_true", dest="async_mode", help="asynchronous training (no barriers)")
     p.add_argument("--geo-sgd", type=int, default=None, metavar="K", dest="geo_sgd",
-                   help="with --async: Geo-SGD, trainers optimize locally and sync parameter deltas every K steps")
+                   help="with --async: Geo-SGD, trainers optimize locally (a distributed table too) and sync "
+                        "parameter deltas every K steps")
     p.add_argument("--split-method", choices=SPLIT_METHODS, default="round_robin", dest="split_method",
                    help="how blocks are placed on pservers (default: round_robin)")
     p.add_argument("--min-block-size", type=int, default=8192, metavar="N", dest="min_block_size",

@@ -10,8 +10,10 @@ outside pserver mode, with ``sync_mode`` or with ``enable_dc_asgd``; ``geo_sgd_n
 tables), E603/E604 (an optimizer the pserver cannot run), E620-E623 (collective rewrites).
 
 Geo-SGD (Paddle 1.6's ``geo_sgd_mode``, async pserver mode only): every trainer trains its own copy of the
-dense parameters and, every ``geo_sgd_need_push_nums`` steps, sends each parameter block's change since
-its last sync to the pserver, which adds it, then continues from the merged blocks.
+parameters (a distributed lookup table included: the trainer then holds the whole table) and, every
+``geo_sgd_need_push_nums`` steps, sends each parameter block's change since its last sync, and the change
+of the table rows it looked up, to the pservers, which add them; it then continues from the merged
+blocks and every table row any trainer changed since its last sync.
 
 Modes: ``pserver`` (the default), ``nccl2`` and ``collective`` (the same allreduce rewrite under Fluid
 1.5's and Fluid 1.6's names; ``collective_mode`` picks ``grad_allreduce`` or ``local_sgd``).
@@ -55,7 +57,7 @@ class DistributeTranspilerConfig:
     fuse_grad_size_in_MB: float = 32.0  # gradient buckets for one allreduce each; 0 = one allreduce a gradient
     local_sgd_steps: int = 1  # local_sgd: average the parameters every k steps
     use_hierarchical_allreduce: bool = False
-    # Geo-SGD (pserver mode, sync_mode=False): sync the dense parameters every k steps as deltas.
+    # Geo-SGD (pserver mode, sync_mode=False): sync the parameters (and table rows) every k steps as deltas.
     geo_sgd_mode: bool = False
     geo_sgd_need_push_nums: int = 100  # k: local steps between two syncs
 

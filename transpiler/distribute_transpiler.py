@@ -4,8 +4,8 @@
 pipeline under a PassManager, then checks the whole ProgramSet with ``ir.verify.verify_program_set``.
 In ``pserver`` mode the pipeline is ``collect_params → slice_variables → place_blocks →
 trainer_send_recv → trainer_startup → pserver_program → pserver_startup → distributed_table`` (with
-``geo_sgd_mode`` the trainer keeps its dense optimizer and syncs parameter deltas every k steps, and
-``geo_sgd_startup`` follows ``trainer_startup``); in
+``geo_sgd_mode`` the trainer keeps every optimizer, the distributed table's too, and syncs parameter
+and touched-row deltas every k steps, and ``geo_sgd_startup`` follows ``trainer_startup``); in
 ``nccl2``/``collective`` mode (``trainers`` is then the comma-separated trainer endpoints, as in Fluid)
 it is ``collective_startup → grad_allreduce`` (or ``local_sgd``) and there are no pserver programs.
 The ``get_*`` methods return clones of the stored results, so they can be called in any order and any

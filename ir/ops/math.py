@@ -159,6 +159,11 @@ def _infer_sum(ctx: InferContext) -> None:
     for i, x in enumerate(xs[1:], start=1):
         if x.dtype != first.dtype:
             ctx.fail(f"X[{i}] dtype {x.dtype} differs from X[0] dtype {first.dtype}")
+        if x.type == "selected_rows" and first.type != "selected_rows":
+            # Rows added into a dense X[0]: only the row width must agree (the height names the table the
+            # rows index, of which X[0] may be a distributed shard whose rows the runtime maps).
+            check_same_shape(ctx, "X[0] rows", tuple(shape[1:]), f"X[{i}] rows", tuple(x.shape[1:]))
+            continue
         shape = check_same_shape(ctx, "X[0]", shape, f"X[{i}]", x.shape)
     ctx.set_output("Out", VarInfo(shape, first.dtype, first.type))
 

@@ -2,9 +2,9 @@
 the parameter-server transpiler puts around them.
 
 Invariants:
-- Network ops (``send``, ``recv``, the barriers, ``prefetch``, ``listen_and_serv``,
-  ``checkpoint_notify``, Geo-SGD's ``geo_sync``) have the traits ``rpc``, ``host`` and ``side_effect``: they run on the host
-  between compiled runs and are never removed or reordered. ``split_selected_rows``, ``split_ids``
+- Network ops (``send``, ``recv``, the barriers, ``prefetch``, ``listen_and_serv``, ``checkpoint_notify``,
+  Geo-SGD's ``geo_sync`` and ``geo_table_init``) have the traits ``rpc``, ``host`` and ``side_effect``:
+  they run on the host between compiled runs and are never removed or reordered. ``split_selected_rows``, ``split_ids``
   and ``merge_ids`` run on the host (``host`` only); ``split_byref`` is pure computation.
   ``lookup_sparse_table`` may grow its table (``auto_grown_table``), so it is ``host`` and
   ``side_effect``. No op here is differentiated (``NO_GRAD``).
@@ -387,12 +387,36 @@ def _infer_geo_sync(ctx: InferContext) -> None:
     ctx.set_output("SnapshotOut", [VarInfo(x.shape, x.dtype, x.type) for x in xs])
     step = ctx.input("Step")
     ctx.set_output("StepOut", VarInfo(step.shape, step.dtype, step.type))
+    if ctx.has_input("Table"):
+        _infer_geo_table(ctx)
+
+
+def _infer_geo_table(ctx: InferContext) -> None:
+    """The distributed-table slots of ``geo_sync``: every one given, shapes agreeing with the table's."""
+    for slot in ("TableSnapshot", "Touched"):
+        if not ctx.has_input(slot):
+            _fail(ctx, f"Table given without {slot}", "give the table's snapshot and touched-rows mask too")
+    if not ctx.inputs("TableIds"):
+        _fail(ctx, "Table given without TableIds", "give the ids of every lookup of the table")
+    table, snapshot, touched = ctx.input("Table"), ctx.input("TableSnapshot"), ctx.input("Touched")
+    if len(table.shape) != 2 or tuple(snapshot.shape) != tuple(table.shape):
+        _fail(ctx, f"Table {list(table.shape)} and TableSnapshot {list(snapshot.shape)} must be one [rows, width] "
+                   "shape", "the snapshot is a copy of the table")
+    if tuple(touched.shape) != tuple(table.shape[:1]) or touched.dtype != "bool":
+        _fail(ctx, f"Touched is {touched.dtype}{list(touched.shape)}; expected bool[{table.shape[0]}]",
+              "the touched mask has one flag per table row")
+    if not ctx.attr("table_epmap") or not ctx.attr("table_delta_name") or not ctx.attr("table_updates_name"):
+        _fail(ctx, "Table given without table_epmap, table_delta_name and table_updates_name",
+              "name the pserver of each shard, the delta's name and the updates' name")
+    ctx.set_output("TableOut", VarInfo(table.shape, table.dtype, table.type))
+    ctx.set_output("TableSnapshotOut", VarInfo(snapshot.shape, snapshot.dtype, snapshot.type))
+    ctx.set_output("TouchedOut", VarInfo(touched.shape, touched.dtype, touched.type))
 
 
 defop(
     "geo_sync",
-    inputs=["X*", "Snapshot*", "Step"],
-    outputs=["Out*", "SnapshotOut*", "StepOut"],
+    inputs=["X*?", "Snapshot*?", "Step", "Table?", "TableSnapshot?", "TableIds*?", "Touched?"],
+    outputs=["Out*?", "SnapshotOut*?", "StepOut", "TableOut?", "TableSnapshotOut?", "TouchedOut?"],
     attrs=[
         A("block_counts", K.INTS, [], "number of pserver blocks of each X"),
         A("sections", K.INTS, [], "rows of each block (the blocks of X[0] first, in row order)"),
@@ -401,10 +425,48 @@ defop(
         A("delta_names", K.STRINGS, [], "the name each block's delta is sent as"),
         A("push_nums", K.INT, 100, "sync every push_nums-th step (Geo-SGD's k)"),
         A("trainer_id", K.INT, 0, "id of the trainer"),
+        A("table_epmap", K.STRINGS, [], "distributed table: the pserver of each shard (shard i: rows r % n == i)"),
+        A("table_delta_name", K.STRING, "", "distributed table: the name its rows' delta is sent as"),
+        A("table_updates_name", K.STRING, "", "distributed table: the name its changed rows are fetched as"),
     ],
     infer=_infer_geo_sync,
     grad=NO_GRAD,
     traits=NETWORK_TRAITS,
-    doc="Geo-SGD: count the step (Step); every push_nums-th, send each block's change since the last sync "
-        "(X - Snapshot) to its pserver, fetch the merged blocks into Out (= X) and SnapshotOut (= Snapshot)",
+    doc="Geo-SGD: count the step (Step) and mark the table rows looked up (TableIds into Touched); every "
+        "push_nums-th step, send each block's change since the last sync (X - Snapshot) and the touched table "
+        "rows' change (Table - TableSnapshot) to their pservers, then fetch the merged blocks into Out (= X) and "
+        "SnapshotOut, and the table rows any trainer changed since this one's last sync into TableOut (= Table) "
+        "and TableSnapshotOut",
+)
+
+
+def _infer_geo_table_init(ctx: InferContext) -> None:
+    if not ctx.attr("epmap"):
+        _fail(ctx, "epmap is empty", "name the pserver of each shard of the table")
+    rows, width = ctx.attr("rows"), ctx.attr("width")
+    if rows < 1 or width < 1:
+        _fail(ctx, f"rows {rows} and width {width} must be >= 1", "give the distributed table's shape")
+    dtype = ctx.attr("dtype")
+    ctx.set_output("Table", VarInfo((rows, width), dtype, "lod_tensor"))
+    ctx.set_output("TableSnapshot", VarInfo((rows, width), dtype, "lod_tensor"))
+    ctx.set_output("Touched", VarInfo((rows,), "bool", "lod_tensor"))
+
+
+defop(
+    "geo_table_init",
+    inputs=[],
+    outputs=["Table", "TableSnapshot", "Touched"],
+    attrs=[
+        A("epmap", K.STRINGS, [], "the pserver of each shard (of n, shard i holds the rows r with r % n == i)"),
+        A("table_name", K.STRING, "", "the shard's name on every pserver"),
+        A("rows", K.INT, 0, "rows of the whole table"),
+        A("width", K.INT, 0, "columns of the table"),
+        A("dtype", K.STRING, "float32", "the table's dtype"),
+        A("trainer_id", K.INT, 0, "id of the trainer"),
+    ],
+    infer=_infer_geo_table_init,
+    grad=NO_GRAD,
+    traits=NETWORK_TRAITS,
+    doc="Geo-SGD trainer startup: fetch every shard of the distributed table, interleave them into Table, copy "
+        "it into TableSnapshot and clear Touched",
 )

@@ -10,14 +10,17 @@ and sorts the ids (or buckets a selected-rows gradient's rows, keeping global id
 ``split_selected_rows`` it first merges duplicate rows, so only touched rows travel, each once),
 ``prefetch`` asks each pserver for its shard's rows, ``merge_ids`` puts them back in the ids' order.
 
-Geo-SGD's ``geo_sync`` keeps its state in the program (the step counter and the snapshots are
-persistable variables), so the kernel holds none.
+Geo-SGD's ``geo_sync`` keeps its state in the program (the step counter, the snapshots and the table's
+touched-rows mask are persistable variables), so the kernel holds none; ``geo_table_init`` fills the
+table's state at startup.
 """
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -137,12 +140,26 @@ def _runs(ctx: Any, client: Any) -> _BlockRuns:
 
 @host_kernel("geo_sync")
 def geo_sync(ctx: Any, op: Operator) -> None:
-    """Geo-SGD. Count the step; every ``push_nums``-th: send each parameter block's change since the last
-    sync (``X - Snapshot``, in the parameter's dtype) as its delta name, then fetch the merged blocks (the
-    client's ``get`` waits for the sends first), concatenate them into each parameter and take a copy as
-    its new snapshot. The values are numpy arrays: the next compiled step reads them from the scope."""
+    """Geo-SGD. Count the step and mark the table rows looked up; every ``push_nums``-th step: send each
+    parameter block's change since the last sync (``X - Snapshot``, in the parameter's dtype) as its
+    delta name, and the touched table rows' change (``Table - TableSnapshot``, selected rows with global
+    ids, one shard per pserver); then fetch the merged blocks and the table rows any trainer changed since
+    this one's last sync (the client's ``get`` waits for the sends first), and make them the parameters'
+    and the table's values and snapshots. Parameters and snapshots are numpy arrays (the next compiled
+    step reads them from the scope); the table stays a device array, updated in place."""
     step = int(np.asarray(_value(ctx, op.input("Step")[0], op)).reshape(-1)[0]) + 1
     ctx.scope.set_var(op.output("StepOut")[0], np.array([step], np.int64))
+    table = op.input("Table")[0] if op.input("Table") else None
+    if table is not None:
+        touched = _owned(ctx, op.input("Touched")[0], op)
+        for name in op.input("TableIds"):
+            ids = _ids(_value(ctx, name, op))
+            if len(ids) and (ids.min() < 0 or ids.max() >= len(touched)):
+                bad = ids[(ids < 0) | (ids >= len(touched))][:5].tolist()
+                raise ExecutionError(f"geo_sync: ids {bad} of {name!r} are outside the {len(touched)} rows of "
+                                     f"table {table!r}", hint="feed ids in [0, rows) of the embedding")
+            touched[ids] = True
+        ctx.scope.set_var(op.output("TouchedOut")[0], touched)
     if step % int(op.attr("push_nums")):
         return
     client = _client(ctx, op)
@@ -157,7 +174,12 @@ def geo_sync(ctx: Any, op: Operator) -> None:
                                          deltas[start:start + count]):
             client.send(endpoint, name, np.ascontiguousarray(piece))
         start += count
-    merged = client.get(list(zip(epmap, blocks)))
+    fetch = list(zip(epmap, blocks))
+    if table is not None:
+        table_eps = list(op.attr("table_epmap"))
+        _send_table_delta(ctx, op, client, table, table_eps)
+        fetch += [(ep, op.attr("table_updates_name")) for ep in table_eps]
+    merged = client.get(fetch)
     start = 0
     for param, snapshot, count in zip(op.output("Out"), op.output("SnapshotOut"), counts):
         pieces = [np.asarray(v) for v in merged[start:start + count]]
@@ -165,6 +187,82 @@ def geo_sync(ctx: Any, op: Operator) -> None:
         ctx.scope.set_var(param, value)
         ctx.scope.set_var(snapshot, value.copy())  # never aliased with the parameter (donated next step)
         start += count
+    if table is not None:
+        _apply_table_updates(ctx, op, table, merged[len(blocks):])
+
+
+def _owned(ctx: Any, name: str, op: Operator) -> np.ndarray:
+    """The host array of ``name``, writable (Geo-SGD's snapshots and masks are updated in place)."""
+    value = np.asarray(_value(ctx, name, op))
+    return value if value.flags.writeable else value.copy()
+
+
+def _send_table_delta(ctx: Any, op: Operator, client: Any, table: str, endpoints: list[str]) -> None:
+    """Queue the change of every table row touched since the last sync, one shard per pserver (rows
+    ``r % n == i`` to ``endpoints[i]``), and clear the touched mask."""
+    touched = _owned(ctx, op.input("Touched")[0], op)
+    rows = np.flatnonzero(touched)
+    touched[rows] = False
+    ctx.scope.set_var(op.output("TouchedOut")[0], touched)
+    now = np.asarray(_value(ctx, table, op))  # a read-only view; the rows below are a copy
+    delta = now[rows] - _owned(ctx, op.input("TableSnapshot")[0], op)[rows]
+    shard = rows % len(endpoints)
+    for i, endpoint in enumerate(endpoints):
+        mine = shard == i
+        if mine.any():
+            client.send(endpoint, op.attr("table_delta_name"), SelectedRows(rows[mine], delta[mine], len(touched)))
+
+
+def _apply_table_updates(ctx: Any, op: Operator, table: str, updates: list[Any]) -> None:
+    """Write the table rows the pservers answered (selected rows, global ids) into the table and its
+    snapshot."""
+    snapshot = _owned(ctx, op.input("TableSnapshot")[0], op)
+    for update in updates:
+        if not isinstance(update, SelectedRows):
+            raise ExecutionError(f"geo_sync: the pserver answered {op.attr('table_updates_name')!r} with a dense "
+                                 "tensor; expected selected rows", hint="the pserver runs a different program")
+    rows = np.concatenate([np.asarray(u.rows, np.int64) for u in updates])
+    values = np.concatenate([np.asarray(u.values) for u in updates]).astype(snapshot.dtype, copy=False)
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(snapshot) or values.shape[1:] != snapshot.shape[1:]):
+        raise ExecutionError(f"geo_sync: the pservers answered rows outside table {table!r} "
+                             f"{list(snapshot.shape)} (or rows of another width)",
+                             hint="the pservers run a different program")
+    snapshot[rows] = values
+    ctx.scope.set_var(op.output("TableSnapshotOut")[0], snapshot)
+    size = 1 << (len(rows) - 1).bit_length() if len(rows) else 0  # a few compiled shapes, not one per sync
+    padded_rows = np.full(size, len(snapshot), np.int64)  # row ``height`` is dropped by the scatter
+    padded_rows[:len(rows)] = rows
+    padded = np.zeros((size,) + snapshot.shape[1:], snapshot.dtype)
+    padded[:len(rows)] = values
+    ctx.scope.set_var(op.output("TableOut")[0], _set_rows(_value(ctx, table, op), padded_rows, padded))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_rows(table: Any, rows: Any, values: Any) -> Any:
+    """``table`` with ``rows`` set to ``values``, in place (the table is donated); rows out of range are
+    dropped."""
+    return table.at[rows].set(values, mode="drop")
+
+
+@host_kernel("geo_table_init")
+def geo_table_init(ctx: Any, op: Operator) -> None:
+    """Fetch every shard of the distributed table (shard ``i`` of ``n`` holds rows ``i, i + n, ...``), put
+    them together into the table, copy it into the snapshot and clear the touched mask."""
+    epmap, name = list(op.attr("epmap")), op.attr("table_name")
+    rows, width, dtype = int(op.attr("rows")), int(op.attr("width")), np.dtype(op.attr("dtype"))
+    n = len(epmap)
+    table = np.empty((rows, width), dtype)
+    for i, (endpoint, shard) in enumerate(zip(epmap, _client(ctx, op).get([(ep, name) for ep in epmap]))):
+        shard = np.asarray(shard)
+        mine = len(range(i, rows, n))
+        if shard.ndim != 2 or shard.shape[0] < mine or shard.shape[1] != width or shard.dtype != dtype:
+            raise ExecutionError(f"geo_table_init: pserver {endpoint} holds {name!r} as {shard.dtype}"
+                                 f"{list(shard.shape)}; expected {dtype}[{-(-rows // n)}, {width}] (shard {i} of {n})",
+                                 hint="the pservers run a different program; transpile them together")
+        table[i::n] = shard[:mine]
+    ctx.scope.set_var(op.output("Table")[0], table)
+    ctx.scope.set_var(op.output("TableSnapshot")[0], table.copy())
+    ctx.scope.set_var(op.output("Touched")[0], np.zeros(rows, bool))
 
 
 @host_kernel("send_barrier")
@@ -303,13 +401,15 @@ def ref_by_trainer_id(ctx: Any, op: Operator) -> None:
 
 
 def max_message_bytes(program: Program) -> int:
-    """Bytes of the largest variable of ``program``'s global block (-1 extents count as 1) plus headroom."""
+    """Bytes of the largest variable of ``program``'s global block (-1 extents count as 1; selected rows
+    with their row ids) plus headroom."""
     largest = 0
     for var in program.global_block().vars.values():
         if var.type == "raw":
             continue
         numel = int(np.prod([max(d, 1) for d in var.shape], dtype=np.int64))
-        largest = max(largest, numel * np.dtype(var.dtype).itemsize)
+        ids = max(var.shape[0], 1) * 8 if var.type == "selected_rows" else 0  # the int64 row ids
+        largest = max(largest, numel * np.dtype(var.dtype).itemsize + ids)
     return largest + (1 << 20)
 
 

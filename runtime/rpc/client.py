@@ -124,7 +124,7 @@ class RPCClient:
         self.step = 0
         self._barrier_sent = False
         self._endpoints: dict[str, _Endpoint] = {}
-        self._seq: dict[str, int] = {}
+        self._seq: dict[tuple[str, str], int] = {}  # (endpoint, variable) -> the last seq sent
         self._outbox: dict[str, list[tuple[str, Any, int, int]]] = {}  # endpoint -> (name, value, seq, step)
         self._pending: list[futures.Future[None]] = []
         self._pulls: dict[Any, collections.deque[tuple[int, futures.Future[list[Any]]]]] = {}
@@ -240,7 +240,7 @@ class RPCClient:
         if any(entry[0] == name for entry in queue):
             self.flush()  # a second value of the same variable goes in a later request
             queue = self._outbox.setdefault(endpoint, [])
-        seq = self._seq[name] = self._seq.get(name, 0) + 1
+        seq = self._seq[endpoint, name] = self._seq.get((endpoint, name), 0) + 1
         queue.append((name, value, seq, self.step))
 
     def flush(self) -> None:

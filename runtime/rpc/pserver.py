@@ -47,6 +47,13 @@ no absolute path, no symlink leading out); without a root, CheckpointNotify is r
 Async mode: each gradient runs its optimize block on arrival, under that block's lock;
 a ``get`` reads under the lock of the block that writes the variable; there are no barriers.
 
+Geo-SGD (``distributed_mode`` 3, async): the received entries are parameter deltas the blocks add
+(``sum``). For a distributed table the pserver also records, per trainer, which shard rows any delta
+changed since that trainer last fetched them; ``get`` of ``<table>@GEO_UPDATES``
+(``ir.names.geo_updates_name``) answers those rows (selected rows with global ids, the table's height)
+and clears the trainer's record. A trainer that fetches after its own delta was acknowledged thereby
+holds every row the pservers changed, its own included.
+
 Invariants:
 - Every request is validated completely before any state changes: a rejected request leaves the
   parameters and the protocol state exactly as they were.
@@ -76,7 +83,7 @@ import numpy as np
 
 from ir.core import Operator, Program, Variable
 from ir.errors import FlotillaError
-from ir.names import dc_asgd_backup_name
+from ir.names import dc_asgd_backup_name, geo_updates_name
 from ir.ops.registry import suggest
 from runtime.rpc.wire import Decoded, encode_variable
 from runtime.scope import Scope, SelectedRows
@@ -212,6 +219,16 @@ class PServer:
                              if (v.copy_of or n) in self.config.sparse_grad_to_param
                              and getattr(block.var(self.config.sparse_grad_to_param[v.copy_of or n]), "is_distributed", False)}
         self._gettable = {n for n, v in block.vars.items() if v.persistable}
+        # Geo-SGD: per distributed table, which shard rows changed since each trainer last fetched them.
+        self._geo_updates: dict[str, str] = {}  # updates name -> table
+        self._geo_changed: dict[str, np.ndarray] = {}  # table -> bool [trainers, shard rows]
+        self._delta_of_table: dict[str, str] = {}
+        if self.config.geo_sgd:
+            for name in self._table_grads:
+                table = self.config.sparse_grad_to_param[name]
+                self._geo_updates[geo_updates_name(table)] = table
+                self._delta_of_table[table] = name
+                self._geo_changed[table] = np.zeros((self.config.trainers, block.var(table).shape[0]), bool)
         # The lock of the block that writes each variable (async mode); the lr block has its own.
         self._block_locks = {idx: threading.Lock() for idx in range(program.num_blocks)}
         self._writer_lock: dict[str, threading.Lock] = {}
@@ -420,9 +437,10 @@ class PServer:
         self._check_trainer(trainer_id, f"get of {names[0]!r}" if len(names) == 1 else f"get of {len(names)} "
                             "variables")
         for name in names:
-            if name not in self._gettable:
+            if name not in self._gettable and name not in self._geo_updates:
+                known = sorted(self._gettable | set(self._geo_updates))
                 raise PServerError(Status.NOT_FOUND, f"get of {name!r}: this pserver holds no such variable",
-                                   hint=suggest(name, sorted(self._gettable)) or
+                                   hint=suggest(name, known) or
                                    "fetch each parameter from the endpoint its recv op's epmap names")
         if self.config.sync_mode:
             # Nothing changes a parameter between a trainer's SEND barrier and its next one, so the
@@ -434,6 +452,9 @@ class PServer:
         # Async: the next update of a variable donates its buffer, so encode (copy) under its lock.
         out = []
         for name in names:
+            if name in self._geo_updates:
+                out.append(encode(name, self._take_geo_updates(trainer_id, self._geo_updates[name])))
+                continue
             with self._writer_lock.get(name) or _NO_LOCK:
                 value = self._value_of(name)
                 if self.config.dc_asgd:
@@ -445,6 +466,18 @@ class PServer:
         """``get`` of one variable with another encoder: ``encode(name, value)`` runs where ``get`` encodes,
         under the same locks, and must copy the value (e.g. ``runtime.rpc.stream.encode_chunks``)."""
         return self.get_many(trainer_id, [name], encode)[0]
+
+    def _take_geo_updates(self, trainer_id: int, table: str) -> SelectedRows:
+        """Geo-SGD: the rows of ``table``'s shard that changed since trainer ``trainer_id`` last took them, as
+        selected rows with global ids (the whole table's height); they count as taken."""
+        n, me = self.config.pservers, self.config.pserver_id
+        height = self.program.global_block().var(self._delta_of_table[table]).shape[0]
+        with self._writer_lock.get(table) or _NO_LOCK:
+            changed = self._geo_changed[table][trainer_id]
+            rows = np.flatnonzero(changed)
+            changed[rows] = False
+            values = np.asarray(self._value_of(table))[rows]  # a copy: the next update donates the shard
+        return SelectedRows(rows.astype(np.int64) * n + me, values, height)
 
     def _value_of(self, name: str) -> Any:
         value = self.scope.find_var(name)
@@ -658,12 +691,8 @@ class PServer:
 
     def _lr_trigger_block(self) -> int:
         """The optimize block whose every run first advances the learning-rate block (async mode): the
-        first gradient's; under Geo-SGD the dense entries are deltas pushed every k steps, so a
-        distributed table's gradient (sent every step) when this pserver has one."""
-        entries = list(self.config.grad_to_block)
-        if self.config.geo_sgd:
-            entries = [g for g in entries if g in self.config.sparse_grad_to_param] or entries
-        return self.config.grad_to_block[entries[0]] if entries else -1
+        first gradient's."""
+        return next(iter(self.config.grad_to_block.values()), -1)
 
     def _apply_async(self, t: int, name: str, value: Any) -> None:
         idx = self._grad_block[name]
@@ -679,6 +708,10 @@ class PServer:
                 self._run_block(idx, _WriteThrough(scope, self.scope))
             except Exception as e:  # noqa: BLE001 - reported to the sender
                 raise PServerError(Status.INTERNAL, f"applying {name!r} failed: {type(e).__name__}: {e}") from e
+            if self._geo_changed and name in self._table_grads:
+                changed = self._geo_changed[self.config.sparse_grad_to_param[name]]
+                rows = np.asarray(value.rows)
+                changed[:, rows[rows < changed.shape[1]]] = True  # padding rows (== height) are not rows
         self.steps_run += 1
 
     def _zeros_of(self, name: str, var: Variable) -> Any:

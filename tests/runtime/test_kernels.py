@@ -43,6 +43,7 @@ TESTED_ELSEWHERE = {
     **{t: "tests/runtime/rpc/test_ps_training.py"
        for t in ("send", "recv", "send_barrier", "fetch_barrier", "prefetch", "listen_and_serv", "checkpoint_notify")},
     "geo_sync": "tests/runtime/rpc/test_geo_sgd.py",
+    "geo_table_init": "tests/runtime/rpc/test_geo_sgd.py",
     "recompute_barrier": "tests/ir/test_recompute.py",
     **{t: "tests/runtime/collective/test_collective_training.py"
        for t in ("gen_nccl_id", "c_allreduce_sum", "c_broadcast", "c_local_sgd")},

@@ -1,7 +1,7 @@
 """Geo-SGD (``geo_sgd_mode``): the golden programs, the config's errors and determinism.
 
-The trainer keeps its dense optimizer and ends with one ``geo_sync``; each pserver adds the received
-deltas to its blocks (``sum``); the distributed table is trained on the pservers as in async mode.
+The trainer keeps every optimizer (the distributed table's too) and ends with one ``geo_sync``; each
+pserver adds the received deltas to its blocks and table shard (``sum``).
 """
 from __future__ import annotations
 
@@ -51,17 +51,29 @@ def test_trainer_keeps_dense_optimizer_and_syncs_last() -> None:
     assert [op.type for op in startup[-3:]] == ["fill_constant", "assign", "assign"]
 
 
-def test_table_stays_on_pservers() -> None:
+def test_table_trains_on_the_trainer_and_syncs_its_touched_rows() -> None:
     t = geo_ctr()
     trainer = t.get_trainer_program().global_block()
-    assert "table" not in [n for op in trainer.ops if op.type == "adam" for n in op.input("Param")]
-    assert [n for op in trainer.ops if op.type == "adam" for n in op.input("Param")] == ["fc_b", "fc_w"]
-    sends = [op for op in trainer.ops if op.type == "send"]
-    assert [op.input("X") for op in sends] == [["table@GRAD.pserver_0", "table@GRAD.pserver_1"]]
+    assert sorted(n for op in trainer.ops if op.type == "adam" for n in op.input("Param")) == ["fc_b", "fc_w", "table"]
+    assert [op.type for op in trainer.ops if op.type in ("send", "recv", "prefetch", "split_ids")] == []
+    assert [op.type for op in trainer.ops if op.type == "lookup_table"] == ["lookup_table"]
     sync = trainer.ops[-1]
-    assert sorted(sync.input("X")) == ["fc_b", "fc_w"]
-    ps = t.get_pserver_program("127.0.0.1:6174")
-    assert [op.type for op in ps.block(ps.num_blocks - 3).ops] == ["adam", "scale", "scale"]
+    assert sync.type == "geo_sync" and sorted(sync.input("X")) == ["fc_b", "fc_w"]
+    assert (sync.input("Table"), sync.input("TableIds"), sync.input("Touched")) == \
+        (["table"], ["ids"], ["table@GEO_TOUCHED"])
+    assert sync.attr("table_epmap") == EPS2.split(",")
+    assert (sync.attr("table_delta_name"), sync.attr("table_updates_name")) == ("table@DELTA", "table@GEO_UPDATES")
+    startup = t.get_trainer_startup_program().global_block()
+    assert [op.type for op in startup.ops if "table" in op.output_arg_names] == ["geo_table_init"]
+    assert startup.ops[-1].type == "geo_table_init" and startup.ops[-1].attr("rows") == 1001
+    for ep in EPS2.split(","):
+        ps = t.get_pserver_program(ep)
+        serve = ps.global_block().ops[-1]
+        assert serve.attr("lr_decay_block_id") == -1 and serve.attr("prefetch_var_name_to_block_id") == []
+        assert "table@DELTA:table" in serve.attr("sparse_grad_to_param")
+        table_block = ps.block(ps.num_blocks - 2)
+        assert [(op.type, op.input("X")) for op in table_block.ops] == [("sum", ["table", "table@DELTA"])]
+        assert not [op for b in ps.blocks for op in b.ops if op.type in ("adam", "scale", "lookup_sparse_table")]
 
 
 @pytest.mark.parametrize("kwargs,match", [

@@ -126,7 +126,8 @@ def main() -> int:
 
     prog, startup = t.get_trainer_program(), t.get_trainer_startup_program()
     exe.run(startup, scope=scope)
-    names = [n for n in DENSE_PARAMS if prog.global_block().has_var(n)]
+    # A Geo-SGD trainer holds the distributed table too.
+    names = [n for n in (*DENSE_PARAMS, *(["table"] if args.geo else [])) if prog.global_block().has_var(n)]
     save(args.out / f"trainer_{role.trainer_id}_init.npz", scope, names)
     first = args.first_step
     if args.resume:

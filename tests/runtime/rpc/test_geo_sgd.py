@@ -2,9 +2,10 @@
 
 With one trainer, k = 1 and SGD, every step is a local step followed by a sync that sends
 ``p1 - p0`` and fetches ``p0 + (p1 - p0)``: the parameters equal single-process training within
-rtol 1e-5 (the distributed table, trained on the pservers as in async mode, too). With two trainers
-and k = 2 the job trains (the loss over its batches falls), and every trainer ends with the merged
-parameters it fetched at its last sync: the last trainer to sync holds exactly the pservers' final ones.
+rtol 1e-5 (the distributed table, trained on the trainer and synced by its touched rows, too). With
+two trainers and k = 2 the job trains (the loss over its batches falls), and every trainer ends with
+the merged parameters (and table rows) it fetched at its last sync: the last trainer to sync holds
+exactly the pservers' final ones.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import numpy as np
 import pytest
 
 from tests.runtime.rpc import ps_worker
-from tests.runtime.rpc.test_ps_training import Cluster, clusters, local_reference, run_ok, trained  # noqa: F401
+from tests.runtime.rpc.test_ps_training import (Cluster, clusters, gather_table, local_reference,  # noqa: F401
+                                                run_ok, trained)
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
 
 
@@ -45,10 +47,10 @@ def test_one_trainer_k1_matches_local(tmp_path: pathlib.Path, clusters: Any, mod
     for name, value in expected.items():
         assert not np.allclose(value, init[name]), f"{name} did not train"
         np.testing.assert_allclose(final[name], value, rtol=1e-5, atol=1e-9, err_msg=name)
-    if model == "fc":
-        held = pserver_params(tmp_path, c.endpoints, 1)
-        for name, value in held.items():
-            np.testing.assert_array_equal(final[name], value, err_msg=f"trainer and pserver disagree on {name}")
+    held = pserver_params(tmp_path, c.endpoints, 1) if model == "fc" else {"table": final["table"]}
+    mine = dict(np.load(tmp_path / "trainer_0.npz"))  # final["table"] is the pservers' (gather_table)
+    for name, value in held.items():
+        np.testing.assert_array_equal(mine[name], value, err_msg=f"trainer and pserver disagree on {name}")
 
 
 def test_two_trainers_k2_train_and_end_synced(tmp_path: pathlib.Path, clusters: Any) -> None:
@@ -72,6 +74,21 @@ def test_two_trainers_k2_train_and_end_synced(tmp_path: pathlib.Path, clusters: 
     assert fc_loss(held, feeds) < 0.9 * fc_loss(init, feeds), (fc_loss(held, feeds), fc_loss(init, feeds))
 
 
+def test_two_trainers_share_the_table_through_its_touched_rows(tmp_path: pathlib.Path, clusters: Any) -> None:
+    """Each trainer trains its own copy of the distributed table and every 2nd step pushes its touched rows'
+    change and takes every row either trainer changed: the trainer whose sync came last holds exactly the
+    pservers' table."""
+    steps = 8
+    c = run_ok(clusters, tmp_path, 2, 2, ["--model", "table", "--async", "--geo", "2", "--steps", str(steps)])
+    init, held = gather_table(tmp_path, 2, "_init"), gather_table(tmp_path, 2, "")
+    tables = [np.load(tmp_path / f"trainer_{t}.npz")["table"] for t in range(2)]
+    assert np.all(np.isfinite(held)) and not np.allclose(held, init)
+    assert any(np.array_equal(table, held) for table in tables), "no trainer holds the pservers' final table"
+    for table in tables:  # and each trainer's copy moved away from the start on the rows its batches touched
+        assert not np.allclose(table, init)
+    assert len(c.endpoints) == 2
+
+
 def fc_loss(p: dict[str, np.ndarray], feeds: list[dict[str, np.ndarray]]) -> float:
     """The mean square error of ``ps_worker``'s fc model with parameters ``p`` over ``feeds``."""
     x, y = np.concatenate([f["x"] for f in feeds]), np.concatenate([f["y"] for f in feeds])
@@ -79,19 +96,12 @@ def fc_loss(p: dict[str, np.ndarray], feeds: list[dict[str, np.ndarray]]) -> flo
     return float(np.mean((h @ p["out_w"] + p["out_b"] - y) ** 2))
 
 
-def test_the_tables_learning_rate_decays_per_table_gradient_not_per_delta() -> None:
-    """A pserver in Geo-SGD mode advances its learning-rate block with the table's gradient (sent every
-    step), never with the dense deltas (pushed every k steps)."""
-    import runtime
+def small_table_geo(trainers: int) -> DistributeTranspiler:
+    """A 50 x 4 distributed table and an fc, transpiled for Geo-SGD (k = 4) on one pserver."""
     from ir import layers, optimizer
     from ir.core import Program, program_guard
-    from ir.learning_rate import exponential_decay
     from ir.names import unique_name
     from ir.param_attr import ParamAttr
-    from runtime.rpc.pserver import PServer
-    from runtime.rpc.wire import decode_variable, encode_variable
-    from runtime.scope import Scope, SelectedRows
-    from tests.runtime.rpc.conftest import inc, listen_op
 
     main, startup = Program(), Program()
     with unique_name.guard(), program_guard(main, startup):
@@ -100,33 +110,92 @@ def test_the_tables_learning_rate_decays_per_table_gradient_not_per_delta() -> N
                                param_attr=ParamAttr(name="table"))
         pred = layers.fc(layers.reshape(emb, [-1, 8]), 1, param_attr=ParamAttr(name="fc_w"))
         loss = layers.mean(layers.square_error_cost(input=pred, label=layers.data(name="y", shape=[1])))
-        optimizer.SGD(learning_rate=exponential_decay(0.1, 10, 0.5)).minimize(loss)
-    ep = "127.0.0.1:6174"
+        optimizer.SGD(learning_rate=0.1).minimize(loss)
     t = DistributeTranspiler(DistributeTranspilerConfig(geo_sgd_mode=True, geo_sgd_need_push_nums=4))
-    t.transpile(0, program=main, startup_program=startup, pservers=ep, trainers=1, sync_mode=False)
-    prog, pstartup = t.get_pserver_programs(ep)
+    t.transpile(0, program=main, startup_program=startup, pservers=SMALL_EP, trainers=trainers, sync_mode=False)
+    return t
+
+
+SMALL_EP = "127.0.0.1:6174"
+
+
+def geo_table_pserver(trainers: int = 2) -> tuple[Any, Any, Any]:
+    """``small_table_geo``'s pserver (no gRPC), every trainer announced: ``(pserver, its scope, program)``."""
+    import runtime
+    from runtime.rpc.pserver import PServer
+    from runtime.scope import Scope
+    from tests.runtime.rpc.conftest import inc, listen_op
+
+    prog, pstartup = small_table_geo(trainers).get_pserver_programs(SMALL_EP)
     exe, scope = runtime.Executor(), Scope()
     exe.run(pstartup, scope=scope)
     ps = PServer(prog, scope, listen_op(prog), lambda idx, s: exe.run_block(prog, idx, s))
-    ps.announce(0, inc(0))
-    (counter,) = [n for op in prog.block(ps.config.lr_block).ops if op.type == "increment" for n in op.output("Out")]
+    for trainer in range(trainers):
+        ps.announce(trainer, inc(trainer))
+    return ps, scope, prog
 
-    def count() -> float:
-        return float(np.asarray(scope.find_var(counter)).reshape(-1)[0])
 
-    block = prog.global_block()
-    deltas = [n for n in listen_op(prog).input("X") if n.endswith("@DELTA")]
-    (table_grad,) = [n for n in listen_op(prog).input("X") if n in ps.config.sparse_grad_to_param]
-    start = count()
-    for seq in (1, 2):
-        for name in deltas:
-            value = np.zeros(block.var(name).shape, np.float32)
-            ps.send(decode_variable(encode_variable(name, value, trainer_id=0, seq=seq, incarnation=inc(0))))
-    assert count() == start  # deltas leave the learning rate alone
-    rows = SelectedRows(np.array([3, 7]), np.ones((2, 4), np.float32), 50)
-    for seq in (1, 2, 3):
-        ps.send(decode_variable(encode_variable(table_grad, rows, trainer_id=0, seq=seq, incarnation=inc(0))))
-    assert count() == start + 3
+def test_geo_sync_refuses_ids_outside_the_table() -> None:
+    """A lookup reads NaN for an id outside the table; geo_sync, which marks the rows looked up, names it."""
+    import runtime
+    from runtime.scope import ExecutionError, Scope
+
+    main = small_table_geo(trainers=1).get_trainer_program()
+    scope = Scope()
+    for v in main.global_block().vars.values():
+        if v.persistable:  # no pserver: the state starts at zero (the step is not a sync step)
+            scope.set_var(v.name, np.zeros(v.shape, v.dtype))
+    feed = {"ids": np.array([[1, 60]], np.int64), "y": np.zeros((1, 1), np.float32)}
+    with pytest.raises(ExecutionError, match=r"ids \[60\] of 'ids' are outside the 50 rows of table 'table'"):
+        runtime.Executor().run(main, feed=feed, scope=scope)
+
+
+def test_a_pserver_answers_each_trainer_the_table_rows_changed_since_its_last_fetch() -> None:
+    from runtime.rpc.pserver import PServerError
+    from runtime.rpc.wire import WireError, decode_variable, encode_variable
+    from runtime.scope import SelectedRows
+    from tests.runtime.rpc.conftest import inc
+
+    ps, scope, _ = geo_table_pserver()
+    start = np.array(scope.find_var("table"))
+
+    def push(trainer: int, seq: int, rows: list[int], value: float) -> None:
+        delta = SelectedRows(np.array(rows), np.full((len(rows), 4), value, np.float32), 50)
+        ps.send(decode_variable(encode_variable("table@DELTA", delta, trainer_id=trainer, seq=seq,
+                                                incarnation=inc(trainer))))
+
+    def updates(trainer: int) -> tuple[list[int], np.ndarray]:
+        got = decode_variable(ps.get(trainer, "table@GEO_UPDATES")).value
+        assert isinstance(got, SelectedRows) and got.height == 50
+        return np.asarray(got.rows).tolist(), np.asarray(got.values)
+
+    push(0, 1, [7, 3], 1.0)
+    push(1, 1, [3, 9], 0.5)  # deltas add: row 3 gets both
+    expected = start.copy()
+    expected[[3, 7]] += 1.0
+    expected[[3, 9]] += 0.5
+    np.testing.assert_allclose(np.asarray(scope.find_var("table")), expected, rtol=1e-6)
+    for trainer in (0, 1):  # every trainer gets every changed row, its own too, once
+        rows, values = updates(trainer)
+        assert rows == [3, 7, 9]
+        np.testing.assert_allclose(values, expected[[3, 7, 9]], rtol=1e-6)
+        assert updates(trainer)[0] == []
+    push(0, 2, [20], -1.0)
+    assert updates(1)[0] == [20] and updates(0)[0] == [20]
+
+    # Garbage is refused with the table untouched and nothing recorded.
+    before = np.array(scope.find_var("table"))
+    with pytest.raises(WireError, match=r"row ids must lie in \[0, 50\)"):
+        push(0, 3, [60], 1.0)
+    with pytest.raises(PServerError, match="NaN or Inf"):
+        push(0, 3, [5], float("nan"))
+    with pytest.raises(PServerError, match="trainer_id 5 is out of range"):
+        ps.get(5, "table@GEO_UPDATES")
+    with pytest.raises(PServerError, match="no such variable") as info:
+        ps.get(0, "table@GEO_UPDATE")
+    assert "table@GEO_UPDATES" in str(info.value)
+    np.testing.assert_array_equal(np.asarray(scope.find_var("table")), before)
+    assert updates(0)[0] == [] and updates(1)[0] == []
 
 
 def test_a_geo_trainer_checkpoints_through_its_pservers_without_its_snapshots() -> None:
@@ -135,7 +204,7 @@ def test_a_geo_trainer_checkpoints_through_its_pservers_without_its_snapshots() 
     trainer takes anew from the parameters it fetches."""
     from runtime import io
     from tests.transpiler.test_distribute_transpiler import EPS2
-    from tests.transpiler.test_geo_sgd import geo_fc
+    from tests.transpiler.test_geo_sgd import geo_ctr, geo_fc
 
     t = geo_fc(k=3)
     trainer = t.get_trainer_program()
@@ -144,3 +213,6 @@ def test_a_geo_trainer_checkpoints_through_its_pservers_without_its_snapshots() 
     local = {v.name for v in io._trainer_local_vars(trainer)}
     assert not any(n.endswith("@GEO_SNAPSHOT") for n in local)
     assert "@GEO_SGD_STEP@" in local
+    table_trainer = geo_ctr().get_trainer_program()
+    local = {v.name for v in io._trainer_local_vars(table_trainer)}
+    assert "table_moment1_0" in local and not {"table", "table@GEO_SNAPSHOT", "table@GEO_TOUCHED"} & local
