@@ -13,7 +13,8 @@ measured in one run on 127.0.0.1 against baselines measured in the same run.
     0.01, batch 512, synthetic data whose labels follow a fixed random linear rule): single-process
     training (table not distributed) as the baseline, then 1 pserver x 2 trainers and 2 x 2, sync and
     async, with the table distributed, every role its own process. Each trainer warms up (``--warmup``
-    steps), waits at a start gate until every trainer of the job has, then times ``--steps`` steps; per
+    steps; a Geo-SGD job with k at least 2k, so two syncs), waits at a start gate until every trainer of
+    the job has, then times ``--steps`` steps; per
     trainer is the mean of the trainers' own rates, total is all timed examples over the union of the
     trainers' windows; ratios are to the single-process run. CPU ms per 1,000 examples is the CPU time
     (/proc) of every process of the job, pservers included, over the timed window.
@@ -265,7 +266,7 @@ def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathli
     jobdir.mkdir()
     procs = Procs(jobdir, env)
     common = ["--table-rows", str(args.table_rows), "--batch-size", str(args.batch_size), "--warmup",
-              str(args.warmup), "--steps", str(args.steps), "--id-dist", args.id_dist]
+              str(warmup_steps(job, args.warmup)), "--steps", str(args.steps), "--id-dist", args.id_dist]
     gate = jobdir / "gate"
     gate.mkdir()
     common += ["--gate", str(gate), "--gate-count", str(max(1, job.trainers)), "--timeout", str(args.job_timeout)]
@@ -501,6 +502,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if min(args.sizes_mib) < 1 or args.reps < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("--sizes-mib, --reps and --steps must be at least 1 and --warmup at least 0")
     return args
+
+
+def warmup_steps(job: Job, warmup: int) -> int:
+    """Untimed steps before the gate: ``warmup``, and for a Geo-SGD job at least two syncs' worth
+    (``2 K``), so the sync path has compiled for its row counts before the timing starts, as the
+    step itself has."""
+    return max(warmup, 2 * int(job.mode[3:])) if job.mode.startswith("geo") and not job.paddle else warmup
 
 
 def parse_job(text: str) -> Job:

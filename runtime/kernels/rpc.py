@@ -16,17 +16,16 @@ table's state at startup.
 """
 from __future__ import annotations
 
-import functools
 import sys
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ir.core import Operator, Program
 from runtime.flags import flag
 from runtime.kernels.registry import host_kernel, kernel, one
+from runtime.rows import gather_rows, set_rows
 from runtime.scope import ExecutionError, SelectedRows
 
 
@@ -204,8 +203,7 @@ def _send_table_delta(ctx: Any, op: Operator, client: Any, table: str, endpoints
     rows = np.flatnonzero(touched)
     touched[rows] = False
     ctx.scope.set_var(op.output("TouchedOut")[0], touched)
-    now = np.asarray(_value(ctx, table, op))  # a read-only view; the rows below are a copy
-    delta = now[rows] - _owned(ctx, op.input("TableSnapshot")[0], op)[rows]
+    delta = gather_rows(_value(ctx, table, op), rows) - _owned(ctx, op.input("TableSnapshot")[0], op)[rows]
     shard = rows % len(endpoints)
     for i, endpoint in enumerate(endpoints):
         mine = shard == i
@@ -229,19 +227,7 @@ def _apply_table_updates(ctx: Any, op: Operator, table: str, updates: list[Any])
                              hint="the pservers run a different program")
     snapshot[rows] = values
     ctx.scope.set_var(op.output("TableSnapshotOut")[0], snapshot)
-    size = 1 << (len(rows) - 1).bit_length() if len(rows) else 0  # a few compiled shapes, not one per sync
-    padded_rows = np.full(size, len(snapshot), np.int64)  # row ``height`` is dropped by the scatter
-    padded_rows[:len(rows)] = rows
-    padded = np.zeros((size,) + snapshot.shape[1:], snapshot.dtype)
-    padded[:len(rows)] = values
-    ctx.scope.set_var(op.output("TableOut")[0], _set_rows(_value(ctx, table, op), padded_rows, padded))
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def _set_rows(table: Any, rows: Any, values: Any) -> Any:
-    """``table`` with ``rows`` set to ``values``, in place (the table is donated); rows out of range are
-    dropped."""
-    return table.at[rows].set(values, mode="drop")
+    ctx.scope.set_var(op.output("TableOut")[0], set_rows(_value(ctx, table, op), rows, values))
 
 
 @host_kernel("geo_table_init")

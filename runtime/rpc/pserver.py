@@ -85,6 +85,7 @@ from ir.core import Operator, Program, Variable
 from ir.errors import FlotillaError
 from ir.names import dc_asgd_backup_name, geo_updates_name
 from ir.ops.registry import suggest
+from runtime.rows import gather_rows
 from runtime.rpc.wire import Decoded, encode_variable
 from runtime.scope import Scope, SelectedRows
 
@@ -476,7 +477,7 @@ class PServer:
             changed = self._geo_changed[table][trainer_id]
             rows = np.flatnonzero(changed)
             changed[rows] = False
-            values = np.asarray(self._value_of(table))[rows]  # a copy: the next update donates the shard
+            values = gather_rows(self._value_of(table), rows)  # a copy: the next update donates the shard
         return SelectedRows(rows.astype(np.int64) * n + me, values, height)
 
     def _value_of(self, name: str) -> Any:
