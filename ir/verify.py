@@ -19,7 +19,8 @@ Checks, each with its own stable ``code`` (see ``Code``):
 - shapes: the declared shape, dtype and variable type of each output agree with the op's shape
   inference (``ir.core.infer_op``; -1 matches any extent); an inference that raises is a problem.
 - across a ProgramSet (``cross_program_problems``, run by ``verify_program_set``): every ``send``
-  is received by the listen_and_serv of each endpoint of its ``epmap``; every trainable parameter
+  (and every delta of a Geo-SGD ``geo_sync``) is received by the listen_and_serv of each endpoint of
+  its ``epmap``; every trainable parameter
   the trainers exchange is optimized on exactly one pserver per slice; the slices of every variable
   the pservers hold tile it exactly once; every dense block on the wire fits ``MAX_MESSAGE_BYTES``.
   These checks read the recorded relations (``slice_of``/``slice_index``/``slice_offset``,
@@ -514,6 +515,16 @@ def _grad_entries(serv: Operator) -> list[str]:
     return names
 
 
+def _sent(op: Operator) -> list[tuple[str, str]]:
+    """``(variable, endpoint)`` of everything a trainer op puts on the wire: a ``send``'s X (or
+    ``send_varnames``); Geo-SGD's ``geo_sync``: each block's delta and each shard of the table's delta."""
+    if op.type == "geo_sync":
+        pairs = list(zip(op.attrs.get("delta_names") or [], op.attrs.get("epmap") or []))
+        table_delta = op.attrs.get("table_delta_name")
+        return pairs + [(table_delta, ep) for ep in op.attrs.get("table_epmap") or []] if table_delta else pairs
+    return list(zip(op.attrs.get("send_varnames") or op.input("X"), op.attrs.get("epmap") or []))
+
+
 class _SetChecker:
     """Checks a whole ProgramSet; problems accumulate as (program, role, Problem) in ``self.located``."""
 
@@ -568,15 +579,13 @@ class _SetChecker:
         for role, main, _ in self.trainers:
             for block in main.blocks:
                 for i, op in enumerate(block.ops):
-                    if op.type == "send":
+                    if op.type in ("send", "geo_sync"):
                         self._check_send(role, main, block, i, op)
 
     def _check_send(self, role: str, main: Program, block: Block, i: int, op: Operator) -> None:
-        names = list(op.attrs.get("send_varnames") or op.input("X"))
-        epmap = list(op.attrs.get("epmap") or [])
-        where = f"block {block.idx}/op {i} (send)"
+        where = f"block {block.idx}/op {i} ({op.type})"
         loc = {"block": block.idx, "op": i}
-        for name, ep in zip(names, epmap):
+        for name, ep in _sent(op):
             ps = self.pservers.get(ep)
             if ps is None:
                 self._add(main, role, Code.SEND_NO_PSERVER, where, f"{name!r} sent to {ep!r}, which has no pserver "
@@ -611,7 +620,7 @@ class _SetChecker:
         if sent is None or held is None or sent.type == "raw":
             return
         if not _shapes_agree(sent.shape, held.shape) or sent.dtype != held.dtype:
-            self._add(main, role, Code.SEND_SHAPE, f"block {block.idx}/op {i} (send)",
+            self._add(main, role, Code.SEND_SHAPE, f"block {block.idx}/op {i} ({op.type})",
                       f"{name!r} sent as {sent.dtype}{_fmt_shape(sent.shape)}",
                       f"{held.dtype}{_fmt_shape(held.shape)}, as {ps.role} declares {held.name!r}",
                       "the trainer's slice and the pserver's block must have the same rows", block=block.idx, op=i)

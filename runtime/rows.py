@@ -13,7 +13,8 @@ import jax
 import numpy as np
 
 
-def _padded(n: int) -> int:
+def padded_size(n: int) -> int:
+    """The power of two at least ``n`` (0 for 0): the row counts compiled code is padded to."""
     return 1 << (n - 1).bit_length() if n else 0
 
 
@@ -22,7 +23,7 @@ def gather_rows(table: Any, rows: np.ndarray) -> np.ndarray:
     n = len(rows)
     if not n:
         return np.zeros((0,) + tuple(np.shape(table)[1:]), np.dtype(table.dtype))
-    padded = np.zeros(_padded(n), np.int64)
+    padded = np.zeros(padded_size(n), np.int64)
     padded[:n] = rows
     return np.asarray(_gather(table, padded))[:n]
 
@@ -30,7 +31,7 @@ def gather_rows(table: Any, rows: np.ndarray) -> np.ndarray:
 def set_rows(table: Any, rows: np.ndarray, values: np.ndarray) -> Any:
     """``table`` with ``rows`` set to ``values``, in place: ``table`` is donated and must not be used again."""
     n = len(rows)
-    size = _padded(n)
+    size = padded_size(n)
     padded_rows = np.full(size, np.shape(table)[0], np.int64)  # row ``height``: dropped by the scatter
     padded_rows[:n] = rows
     padded = np.zeros((size,) + tuple(np.shape(table)[1:]), np.dtype(table.dtype))

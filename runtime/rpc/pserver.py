@@ -85,7 +85,7 @@ from ir.core import Operator, Program, Variable
 from ir.errors import FlotillaError
 from ir.names import dc_asgd_backup_name, geo_updates_name
 from ir.ops.registry import suggest
-from runtime.rows import gather_rows
+from runtime.rows import gather_rows, padded_size
 from runtime.rpc.wire import Decoded, encode_variable
 from runtime.scope import Scope, SelectedRows
 
@@ -852,7 +852,7 @@ def _pad_rows(value: SelectedRows) -> SelectedRows:
     """``value`` with its rows padded to a power of two by rows ``height`` with zero values, which every
     sparse kernel ignores: the compiled optimize blocks then see a few row counts, not one per step."""
     n = len(value.rows)
-    size = 1 << (n - 1).bit_length() if n else 0
+    size = padded_size(n)
     if size == n:
         return value
     rows = np.concatenate([np.asarray(value.rows), np.full(size - n, value.height, np.int64)])

@@ -171,6 +171,25 @@ def test_changed_slice_offset(basic: ProgramSet) -> None:
     assert gap.found == "rows [900, 1000) of 'fc_w' are in no slice"
 
 
+@pytest.mark.parametrize("attr,code", [("epmap", Code.SEND_NOT_RECEIVED), ("table_epmap", Code.SEND_NO_PSERVER)])
+def test_retargeted_geo_delta(attr: str, code: str) -> None:
+    """A Geo-SGD trainer's geo_sync sends its deltas itself: each must reach a pserver that adds it (the
+    dense blocks' deltas swapped between the pservers; the table's second shard sent to no pserver)."""
+    from tests.passes.ctr_model import build_ctr
+
+    config = DistributeTranspilerConfig(geo_sgd_mode=True, geo_sgd_need_push_nums=2)
+    ps = transpile(*build_ctr("sgd"), sync_mode=False, config=config)
+    assert cross_program_problems(ps) == []
+    main = ps["trainer.0"].main
+    i = op_index(main, 0, "geo_sync")
+    sync = main.global_block().ops[i]
+    sync.set_attr(attr, list(reversed(sync.attr(attr))) if attr == "epmap" else [EP0, EP2])
+    problems = cross_program_problems(ps)
+    assert problems and codes(problems) == [code] * len(problems)
+    assert problems[0].where == f"trainer.0/block 0/op {i} (geo_sync)"
+    assert "@DELTA" in problems[0].found
+
+
 def test_retargeted_send(basic: ProgramSet) -> None:
     main = basic["trainer.0"].main
     i = op_index(main, 0, "send", epmap=[EP0])

@@ -89,6 +89,26 @@ def test_two_trainers_share_the_table_through_its_touched_rows(tmp_path: pathlib
     assert len(c.endpoints) == 2
 
 
+def test_a_restarted_geo_trainer_takes_the_table_anew(tmp_path: pathlib.Path, clusters: Any) -> None:
+    """Trainer 1 dies at step 3 and is restarted: its startup fetches the pservers' table (with what the
+    others pushed meanwhile), its new incarnation's deltas are accepted, and the job ends synced."""
+    import signal
+
+    args = ["--model", "table", "--async", "--geo", "2", "--steps", "8"]
+    c = Cluster(tmp_path, 2, 2, args, trainer_args={1: ["--die-at", "3"]})
+    clusters.append(c)
+    assert c.procs["trainer.1"].wait(timeout=60) == -signal.SIGKILL, c.logs()
+    c.restart_trainer(1, args)
+    codes = c.wait(fail_fast=True)
+    assert all(code == 0 for code in codes.values()), f"exit codes {codes}; logs:\n{c.logs()}"
+    for tag in ("pserver.0", "pserver.1"):
+        assert "trainer 1 rejoined as incarnation" in c.log(tag), c.log(tag)
+    held = gather_table(tmp_path, 2, "")
+    tables = [np.load(tmp_path / f"trainer_{t}.npz")["table"] for t in range(2)]
+    assert np.all(np.isfinite(held)) and not np.allclose(held, gather_table(tmp_path, 2, "_init"))
+    assert any(np.array_equal(table, held) for table in tables), "no trainer holds the pservers' final table"
+
+
 def fc_loss(p: dict[str, np.ndarray], feeds: list[dict[str, np.ndarray]]) -> float:
     """The mean square error of ``ps_worker``'s fc model with parameters ``p`` over ``feeds``."""
     x, y = np.concatenate([f["x"] for f in feeds]), np.concatenate([f["y"] for f in feeds])
