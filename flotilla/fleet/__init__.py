@@ -17,16 +17,18 @@
 
 ``fleet`` here is the parameter-server Fleet (``flotilla.fleet.parameter_server``); the collective one
 (allreduce among trainers, nccl2 mode) is ``from flotilla.fleet.collective import fleet``. The strategy is
-a ``DistributedStrategy`` or a ``DistributeTranspilerConfig``.
+a ``DistributedStrategy`` (``StrategyFactory.create_sync_strategy()``, ``create_async_strategy()``,
+``create_geo_strategy(k)``, as in Paddle 1.6) or a ``DistributeTranspilerConfig``.
 """
 from __future__ import annotations
 
 from flotilla.fleet.base import (DistributedOptimizer, DistributedStrategy, Fleet, FleetError, PaddleCloudRoleMaker,
-                                 Role, RoleMakerBase, UserDefinedCollectiveRoleMaker, UserDefinedRoleMaker)
+                                 Role, RoleMakerBase, StrategyFactory, UserDefinedCollectiveRoleMaker,
+                                 UserDefinedRoleMaker)
 from flotilla.fleet.parameter_server import ParameterServerFleet
 
 fleet = ParameterServerFleet()
 
 __all__ = ["DistributedOptimizer", "DistributedStrategy", "Fleet", "FleetError", "PaddleCloudRoleMaker",
-           "ParameterServerFleet", "Role", "RoleMakerBase", "UserDefinedCollectiveRoleMaker", "UserDefinedRoleMaker",
-           "fleet"]
+           "ParameterServerFleet", "Role", "RoleMakerBase", "StrategyFactory", "UserDefinedCollectiveRoleMaker",
+           "UserDefinedRoleMaker", "fleet"]

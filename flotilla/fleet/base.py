@@ -163,7 +163,8 @@ class UserDefinedCollectiveRoleMaker(RoleMakerBase):
 @dataclass
 class DistributedStrategy:
     """How Fleet distributes the program. Parameter-server fields: ``sync_mode``, ``slice_var_up``,
-    ``split_method``, ``min_block_size``, ``enable_dc_asgd``; collective fields: ``mode`` (``"nccl2"`` or
+    ``split_method``, ``min_block_size``, ``enable_dc_asgd``, ``geo_sgd_mode`` and
+    ``geo_sgd_need_push_nums`` (async only); collective fields: ``mode`` (``"nccl2"`` or
     ``"collective"``), ``collective_mode``, ``use_local_sgd`` (= ``collective_mode="local_sgd"``),
     ``local_sgd_steps``, ``nccl_comm_num``, ``fuse_grad_size_in_MB``. A misspelt field raises, naming the
     closest one."""
@@ -173,6 +174,8 @@ class DistributedStrategy:
     split_method: type[PSDispatcher] | None = None
     min_block_size: int = 8192
     enable_dc_asgd: bool = False
+    geo_sgd_mode: bool = False
+    geo_sgd_need_push_nums: int = 100
     mode: str = "nccl2"
     collective_mode: str | None = None
     use_local_sgd: bool = False
@@ -192,16 +195,37 @@ class DistributedStrategy:
         transpile."""
         if not collective:
             return DistributeTranspilerConfig(slice_var_up=self.slice_var_up, split_method=self.split_method,
-                                              min_block_size=self.min_block_size, enable_dc_asgd=self.enable_dc_asgd)
+                                              min_block_size=self.min_block_size, enable_dc_asgd=self.enable_dc_asgd,
+                                              geo_sgd_mode=self.geo_sgd_mode,
+                                              geo_sgd_need_push_nums=self.geo_sgd_need_push_nums)
         kind = "local_sgd" if self.use_local_sgd else self.collective_mode
         return DistributeTranspilerConfig(mode=self.mode, collective_mode=kind, local_sgd_steps=self.local_sgd_steps,
                                           nccl_comm_num=self.nccl_comm_num,
                                           fuse_grad_size_in_MB=self.fuse_grad_size_in_MB)
 
 
+class StrategyFactory:
+    """Paddle 1.6's strategy constructors for the parameter-server Fleet (``distributed_strategy``)."""
+
+    @staticmethod
+    def create_sync_strategy() -> DistributedStrategy:
+        return DistributedStrategy(sync_mode=True)
+
+    @staticmethod
+    def create_async_strategy() -> DistributedStrategy:
+        return DistributedStrategy(sync_mode=False)
+
+    @staticmethod
+    def create_geo_strategy(update_frequency: int = 100) -> DistributedStrategy:
+        """Async Geo-SGD: trainers optimize locally and push their parameters' change every
+        ``update_frequency`` steps."""
+        return DistributedStrategy(sync_mode=False, geo_sgd_mode=True, geo_sgd_need_push_nums=update_frequency)
+
+
 def strategy_config(strategy: Any, collective: bool) -> tuple[DistributeTranspilerConfig, bool]:
     """``(transpiler config, sync_mode)`` for ``strategy``: None, a ``DistributedStrategy`` or a
-    ``DistributeTranspilerConfig`` (then sync training; collective Fleets switch its mode to nccl2)."""
+    ``DistributeTranspilerConfig`` (then sync training, or async with ``geo_sgd_mode``; collective Fleets
+    switch its mode to nccl2)."""
     if strategy is None:
         strategy = DistributedStrategy()
     if isinstance(strategy, DistributedStrategy):
@@ -211,7 +235,7 @@ def strategy_config(strategy: Any, collective: bool) -> tuple[DistributeTranspil
             import dataclasses
 
             strategy = dataclasses.replace(strategy, mode="nccl2")
-        return strategy, True
+        return strategy, not strategy.geo_sgd_mode
     raise FleetError(f"strategy must be a DistributedStrategy or a DistributeTranspilerConfig, got "
                      f"{type(strategy).__name__}", hint="from flotilla.fleet import DistributedStrategy", code="E754")
 

@@ -4,14 +4,16 @@ The multi-process runs (2 pservers x 2 workers, 2 collective workers) are in
 from __future__ import annotations
 
 import pathlib
+from typing import Any
 
 import numpy as np
 import pytest
 
 from flotilla import fluid
 from flotilla.fleet import (DistributedStrategy, FleetError, PaddleCloudRoleMaker, ParameterServerFleet, Role,
-                            UserDefinedCollectiveRoleMaker, UserDefinedRoleMaker)
+                            StrategyFactory, UserDefinedCollectiveRoleMaker, UserDefinedRoleMaker)
 from flotilla.fleet.collective import CollectiveFleet
+from ir.errors import FlotillaError
 from runtime.role import ROLE_ENV_VARS
 
 SERVERS = ["127.0.0.1:6174", "127.0.0.1:6175"]
@@ -92,6 +94,28 @@ def test_async_strategy_reaches_the_transpiler() -> None:
               strategy)
     ops = [op.type for op in fleet.main_program.global_block().ops]
     assert "send" in ops and "send_barrier" not in ops and "fetch_barrier" not in ops
+
+
+@pytest.mark.parametrize("make", [lambda: StrategyFactory.create_geo_strategy(8),
+                                  lambda: fluid.DistributeTranspilerConfig(geo_sgd_mode=True, geo_sgd_need_push_nums=8)])
+def test_geo_strategy_reaches_the_transpiler(make: Any) -> None:
+    fleet = ParameterServerFleet()
+    minimized(fleet, UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=2, server_endpoints=SERVERS),
+              make())
+    ops = fleet.main_program.global_block().ops
+    assert [op.type for op in ops if op.type in ("sgd", "send", "recv", "geo_sync")] == ["sgd", "sgd", "geo_sync"]
+    assert ops[-1].attr("push_nums") == 8
+    assert StrategyFactory.create_async_strategy().sync_mode is False
+    assert StrategyFactory.create_sync_strategy().sync_mode is True
+
+
+def test_geo_strategy_in_sync_mode_is_refused() -> None:
+    strategy = StrategyFactory.create_geo_strategy(8)
+    strategy.sync_mode = True
+    fleet = ParameterServerFleet()
+    with pytest.raises(FlotillaError, match="geo_sgd_mode needs asynchronous training"):
+        minimized(fleet, UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=2,
+                                              server_endpoints=SERVERS), strategy)
 
 
 def test_collective_worker_programs() -> None:
