@@ -8,6 +8,8 @@ hot path), validated, and handed on in explicit objects.
 ``FLAGS_pserver_allow_rejoin``  1: a restarted trainer (same id, new incarnation) rejoins at the next step
                                 boundary; 0: it is refused (FAILED_PRECONDITION) (1)
 ``FLAGS_pserver_check_finite``  1: a pserver refuses gradients holding NaN or Inf; 0: no check (1)
+``FLAGS_rpc_tune_malloc``      1: a process that talks to pservers (or is one) keeps large freed buffers for
+                                reuse instead of page-faulting fresh ones per message (runtime.rpc.malloc) (1)
 ``FLAGS_communicator_max_staleness``  async mode: how many steps a trainer's parameters may lag its own
                                 sends (1). Each step's sends and the next parameter pull run in the
                                 background while the trainer computes; at step s the parameters reflect
@@ -44,7 +46,7 @@ from ir.errors import FlotillaError
 DEFAULTS = {"FLAGS_rpc_deadline": 180_000, "FLAGS_rpc_retry_times": 3, "FLAGS_pserver_timeout_ms": 120_000,
             "FLAGS_communicator_max_staleness": 1}
 MINIMUMS = {"FLAGS_communicator_max_staleness": 0}  # every other integer flag is at least 1
-BOOL_DEFAULTS = {"FLAGS_pserver_allow_rejoin": True, "FLAGS_pserver_check_finite": True}
+BOOL_DEFAULTS = {"FLAGS_pserver_allow_rejoin": True, "FLAGS_pserver_check_finite": True, "FLAGS_rpc_tune_malloc": True}
 
 TOKEN_ENV = "FLOTILLA_JOB_TOKEN"
 TLS_CERT_ENV = "FLOTILLA_TLS_CERT"

@@ -46,6 +46,7 @@ import grpc
 
 from ir.errors import FlotillaError
 from runtime.flags import RPCSecurity, flag, rpc_security
+from runtime.rpc import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.server import SERVICE, grpc_options
 from runtime.rpc.stream import STREAM_THRESHOLD, ReceiveBuffers, get_chunked, send_chunked
@@ -135,6 +136,7 @@ class RPCClient:
         self._puller = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"trainer{trainer_id}-pull")
         self._lock = threading.Lock()
         self._closed = False
+        malloc.tune()
 
     # --- connections
     def _endpoint(self, endpoint: str) -> _Endpoint:

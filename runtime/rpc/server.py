@@ -30,6 +30,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from runtime.flags import RPCSecurity
+from runtime.rpc import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
 from runtime.rpc.stream import ReceiveBuffers, encode_chunks
@@ -212,6 +213,7 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
     """Bind ``endpoint`` and start serving ``pserver``; raises ExecutionError if the port cannot be bound.
     ``security`` (default: none) gives the job token and TLS settings."""
     security = security or RPCSecurity()
+    malloc.tune()
     workers = 16 + 4 * pserver.config.trainers
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pserver"),
                          options=grpc_options(max_message))
