@@ -132,8 +132,9 @@ def distribute(main: ir.Program, startup: ir.Program, *, sync_mode: bool = True,
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--sync`` (the default) / ``--async`` (dest ``async_mode``) and ``--no-slice`` (dest
-    ``slice_var_up``) to ``parser``; they only matter in a distributed job."""
+    """Add ``--sync`` (the default) / ``--async`` (dest ``async_mode``), ``--no-slice`` (dest
+    ``slice_var_up``) and ``--geo-sgd K`` (dest ``geo_sgd``) to ``parser``; they only matter in a
+    distributed job."""
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--sync", dest="async_mode", action="store_false", default=False,
                       help="distributed: synchronous training, a barrier a step (the default)")
@@ -142,12 +143,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-slice", dest="slice_var_up", action="store_false",
                         help="distributed: place each parameter whole on one pserver instead of slicing the "
                              "large ones over all pservers")
+    parser.add_argument("--geo-sgd", dest="geo_sgd", type=int, default=None, metavar="K",
+                        help="distributed, with --async: Geo-SGD, each trainer optimizes locally (a distributed "
+                             "table too) and syncs its parameters' change every K steps")
 
 
 def distribute_from_args(main: ir.Program, startup: ir.Program, args: argparse.Namespace,
                          role: Role | None = None) -> Distributed:
     """``distribute`` with the options ``add_arguments`` parsed into ``args``."""
-    config = DistributeTranspilerConfig(slice_var_up=args.slice_var_up)
+    geo = getattr(args, "geo_sgd", None)
+    config = DistributeTranspilerConfig(slice_var_up=args.slice_var_up, geo_sgd_mode=geo is not None,
+                                        geo_sgd_need_push_nums=100 if geo is None else geo)
     return distribute(main, startup, sync_mode=not args.async_mode, config=config, role=role)
 
 
