@@ -96,8 +96,10 @@ def test_async_strategy_reaches_the_transpiler() -> None:
     assert "send" in ops and "send_barrier" not in ops and "fetch_barrier" not in ops
 
 
-@pytest.mark.parametrize("make", [lambda: StrategyFactory.create_geo_strategy(8),
-                                  lambda: fluid.DistributeTranspilerConfig(geo_sgd_mode=True, geo_sgd_need_push_nums=8)])
+@pytest.mark.parametrize("make", [
+    lambda: StrategyFactory.create_geo_strategy(8),
+    lambda: fluid.DistributeTranspilerConfig(geo_sgd_mode=True, geo_sgd_need_push_nums=8),
+])
 def test_geo_strategy_reaches_the_transpiler(make: Any) -> None:
     fleet = ParameterServerFleet()
     minimized(fleet, UserDefinedRoleMaker(current_id=0, role=Role.WORKER, worker_num=2, server_endpoints=SERVERS),

@@ -116,7 +116,7 @@ def fc_loss(p: dict[str, np.ndarray], feeds: list[dict[str, np.ndarray]]) -> flo
     return float(np.mean((h @ p["out_w"] + p["out_b"] - y) ** 2))
 
 
-def small_table_geo(trainers: int) -> DistributeTranspiler:
+def small_table_geo(trainers: int, endpoint: str = "127.0.0.1:6174") -> DistributeTranspiler:
     """A 50 x 4 distributed table and an fc, transpiled for Geo-SGD (k = 4) on one pserver."""
     from ir import layers, optimizer
     from ir.core import Program, program_guard
@@ -132,7 +132,7 @@ def small_table_geo(trainers: int) -> DistributeTranspiler:
         loss = layers.mean(layers.square_error_cost(input=pred, label=layers.data(name="y", shape=[1])))
         optimizer.SGD(learning_rate=0.1).minimize(loss)
     t = DistributeTranspiler(DistributeTranspilerConfig(geo_sgd_mode=True, geo_sgd_need_push_nums=4))
-    t.transpile(0, program=main, startup_program=startup, pservers=SMALL_EP, trainers=trainers, sync_mode=False)
+    t.transpile(0, program=main, startup_program=startup, pservers=endpoint, trainers=trainers, sync_mode=False)
     return t
 
 
@@ -153,6 +153,50 @@ def geo_table_pserver(trainers: int = 2) -> tuple[Any, Any, Any]:
     for trainer in range(trainers):
         ps.announce(trainer, inc(trainer))
     return ps, scope, prog
+
+
+@pytest.mark.parametrize("rows", [50, 60])
+def test_geo_table_init_takes_the_served_table_or_names_the_mismatch(rows: int) -> None:
+    """geo_table_init fetches the shard over gRPC from a real pserver; a table the pserver does not hold
+    (60 rows asked, 50 served) is an error naming both shapes, with nothing written."""
+    import runtime
+    from ir.core import Program
+    from runtime.kernels.rpc import max_message_bytes
+    from runtime.rpc.pserver import PServer
+    from runtime.rpc.server import start_server
+    from runtime.scope import ExecutionError, Scope
+    from tests.runtime.rpc.conftest import free_port, listen_op
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    prog, pstartup = small_table_geo(1, endpoint).get_pserver_programs(endpoint)
+    pexe, pscope = runtime.Executor(), Scope()
+    pexe.run(pstartup, scope=pscope)
+    pserver = PServer(prog, pscope, listen_op(prog), lambda idx, s: pexe.run_block(prog, idx, s))
+    server = start_server(pserver, endpoint, max_message_bytes(prog))
+    init = Program()
+    block = init.global_block()
+    for name, shape, dtype in (("table", (rows, 4), "float32"), ("snap", (rows, 4), "float32"),
+                               ("touched", (rows,), "bool")):
+        block.create_var(name, shape=shape, dtype=dtype, persistable=True)
+    block.append_op("geo_table_init", {}, {"Table": ["table"], "TableSnapshot": ["snap"], "Touched": ["touched"]},
+                    {"epmap": [endpoint], "table_name": "table", "rows": rows, "width": 4, "dtype": "float32",
+                     "trainer_id": 0, "op_role": 4})
+    exe, scope = runtime.Executor(), Scope()
+    try:
+        if rows == 60:
+            with pytest.raises(ExecutionError, match=r"holds 'table' as float32\[50, 4\]; expected float32\[60, 4\]"):
+                exe.run(init, scope=scope)
+            assert scope.find_var("table") is None and scope.find_var("snap") is None
+            return
+        exe.run(init, scope=scope)
+        served = np.asarray(pscope.find_var("table"))
+        np.testing.assert_array_equal(np.asarray(scope.find_var("table")), served)
+        np.testing.assert_array_equal(np.asarray(scope.find_var("snap")), served)
+        assert not np.shares_memory(scope.find_var("table"), scope.find_var("snap"))
+        assert np.asarray(scope.find_var("touched")).tolist() == [False] * 50
+    finally:
+        exe.close()
+        server.stop(grace=None).wait(5.0)
 
 
 def test_geo_sync_refuses_ids_outside_the_table() -> None:
