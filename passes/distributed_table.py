@@ -50,9 +50,10 @@ from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 from passes.collect_params import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_ops
 from passes.dist_plan import DistPlan, TablePlan
-from passes.pass_base import Pass, PassContext, PassError
+from passes.pass_base import Pass, PassContext
 from passes.pserver_program import _copy_op, pserver_role
-from passes.trainer_send_recv import control_var, last_writers, rpc_attrs, send_dummy_name, trainer_role
+from passes.trainer_send_recv import (control_var, last_writers, rpc_attrs, send_dummy_name, table_lookups,
+                                      trainer_role)
 
 CHECKPOINT_PATH = "none"  # Fluid's kLookupTablePath placeholder: checkpoint_notify gives the directory
 
@@ -97,10 +98,7 @@ class DistributedTable(Pass):
     @staticmethod
     def _rewrite_trainer(block: Block, plan: DistPlan, table: TablePlan) -> None:
         n = len(table.endpoints)
-        lookups = [op for op in block.ops if op.type == "lookup_table" and op.input("W") == [table.table]]
-        if not lookups:
-            raise PassError(f"the trainer program has no lookup_table op on the distributed table {table.table!r}",
-                            hint="look the table up with layers.embedding(is_distributed=True)", code="E651")
+        lookups = table_lookups(block, table)
         at = block.ops.index(lookups[0])
         ids = [op.input("Ids")[0] for op in lookups]
         outs = [op.output("Out")[0] for op in lookups]

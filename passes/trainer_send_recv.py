@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.core import Block, Parameter, Program, Variable
+from ir.core import Block, Operator, Parameter, Program, Variable
 from ir.names import geo_touched_name, geo_updates_name
 from ir.program_set import ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
@@ -88,6 +88,15 @@ def geo_table_state_vars(block: Block, table: TablePlan) -> tuple[Variable, Vari
     if not block.has_var(touched):
         block.create_var(touched, shape=table.shape[:1], dtype="bool", persistable=True, stop_gradient=True)
     return block.var(snapshot), block.var(touched)
+
+
+def table_lookups(block: Block, table: TablePlan) -> list[Operator]:
+    """The ``lookup_table`` ops of ``block`` on the distributed table; PassError (E651) when there is none."""
+    lookups = [op for op in block.ops if op.type == "lookup_table" and op.input("W") == [table.table]]
+    if not lookups:
+        raise PassError(f"the trainer program has no lookup_table op on the distributed table {table.table!r}",
+                        hint="look the table up with layers.embedding(is_distributed=True)", code="E651")
+    return lookups
 
 
 def control_var(block: Block, name: str) -> Variable:
@@ -200,12 +209,7 @@ class TrainerSendRecv(Pass):
         table = plan.table
         if table is not None:
             snapshot, touched = geo_table_state_vars(block, table)
-            ids = list(dict.fromkeys(op.input("Ids")[0] for op in block.ops
-                                     if op.type == "lookup_table" and op.input("W") == [table.table]))
-            if not ids:
-                raise PassError(f"the trainer program has no lookup_table op on the distributed table "
-                                f"{table.table!r}", hint="look the table up with layers.embedding(is_distributed=True)",
-                                code="E651")
+            ids = list(dict.fromkeys(op.input("Ids")[0] for op in table_lookups(block, table)))
             ins.update(Table=[table.table], TableSnapshot=[snapshot.name], TableIds=ids, Touched=[touched.name])
             outs.update(TableOut=[table.table], TableSnapshotOut=[snapshot.name], TouchedOut=[touched.name])
             attrs.update(table_epmap=list(table.endpoints), table_delta_name=table.delta_name,

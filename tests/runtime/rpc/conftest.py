@@ -54,14 +54,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def small_fc() -> tuple[Program, Program]:
-    """x[40] → fc 30 → square error → mean, SGD(LR): (main, startup)."""
+def small_fc(width: int = 40, out: int = 30, lr: float = LR) -> tuple[Program, Program]:
+    """x[width] → fc out (fc_w, fc_b) → square error → mean, SGD(lr): (main, startup)."""
     main, startup = Program(), Program()
     with unique_name.guard(), program_guard(main, startup):
-        x = layers.data(name="x", shape=[40], dtype="float32")
-        pred = layers.fc(input=x, size=30, param_attr=ParamAttr(name="fc_w"), bias_attr=ParamAttr(name="fc_b"))
-        y = layers.data(name="y", shape=[30], dtype="float32")
-        optimizer.SGD(learning_rate=LR).minimize(layers.mean(layers.square_error_cost(input=pred, label=y)))
+        x = layers.data(name="x", shape=[width], dtype="float32")
+        pred = layers.fc(input=x, size=out, param_attr=ParamAttr(name="fc_w"), bias_attr=ParamAttr(name="fc_b"))
+        y = layers.data(name="y", shape=[out], dtype="float32")
+        optimizer.SGD(learning_rate=lr).minimize(layers.mean(layers.square_error_cost(input=pred, label=y)))
     return main, startup
 
 

@@ -16,10 +16,7 @@ import numpy as np
 import pytest
 
 import runtime
-from ir import layers, optimizer
-from ir.core import program_guard, Program
-from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from ir.core import Program
 from runtime.flags import RPCSecurity
 from runtime.kernels.rpc import max_message_bytes
 from runtime.rpc import send_recv_pb2 as pb
@@ -29,7 +26,7 @@ from runtime.rpc.stream import (CHUNK_BYTES, STREAM_THRESHOLD, ReceiveBuffers, c
                                 send_chunked, size_class)
 from runtime.rpc.wire import Decoded, WireError, decode_variable, encode_parts, encode_variable
 from runtime.scope import Scope, SelectedRows
-from tests.runtime.rpc.conftest import TRAINERS, Tracker, PSHandle, free_port, inc, listen_op
+from tests.runtime.rpc.conftest import TRAINERS, Tracker, PSHandle, free_port, inc, listen_op, small_fc
 
 TIMEOUT_S = 10.0
 CODE = grpc.StatusCode
@@ -377,13 +374,7 @@ def test_the_token_is_checked_before_any_chunk_is_read() -> None:
 # --- a real PServer with a 4 MiB parameter --------------------------------------------------------------------------
 def big_fc() -> tuple[Program, Program]:
     """x[1024] → fc 1024 (fc_w: 4 MiB of float32) → square error → mean, SGD: (main, startup)."""
-    main, startup = Program(), Program()
-    with unique_name.guard(), program_guard(main, startup):
-        x = layers.data(name="x", shape=[1024], dtype="float32")
-        pred = layers.fc(input=x, size=1024, param_attr=ParamAttr(name="fc_w"), bias_attr=ParamAttr(name="fc_b"))
-        y = layers.data(name="y", shape=[1024], dtype="float32")
-        optimizer.SGD(learning_rate=0.1).minimize(layers.mean(layers.square_error_cost(input=pred, label=y)))
-    return main, startup
+    return small_fc(width=1024, out=1024, lr=0.1)
 
 
 def big_pserver(tracker: Tracker, security: RPCSecurity | None = None) -> PSHandle:
