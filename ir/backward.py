@@ -328,12 +328,16 @@ def append_backward(loss: Variable, parameter_list: Sequence[Any] | None = None,
         for cb in callbacks or ():
             cb(block=block, context=dict(builder.grad_to_var))
 
+    last_writer: dict[str, Operator] = {}  # one scan, not one per parameter: building stays linear
+    for op in block.ops:
+        for n in op.output_arg_names:
+            last_writer[n] = op
     params_grads: list[tuple[Parameter, Variable]] = []
     for p in chosen:
         g = grad_name(p.name)
         if p.name not in diff or not block.has_var(g):
             continue
-        last = next((op for op in reversed(block.ops) if g in op.output_arg_names), None)
+        last = last_writer.get(g)
         if last is None:
             continue
         last.set_attr(OP_ROLE_VAR_ATTR, [p.name, g] + list(last.attr(OP_ROLE_VAR_ATTR, [])))
