@@ -10,27 +10,35 @@ sliced over 4 pservers at the default ``min_block_size``), the others narrow (``
 The timed call is a whole ``transpile`` (sync mode, 2 trainers, RoundRobin): input validation, cloning,
 every pass, the per-pass verification and the final cross-program verification. Each size is timed
 ``--repeat`` times (the best is kept), with a fresh ``DistributeTranspiler`` each time. The table gives
+the build's wall-clock and CPU seconds (``build``: layers, backward and optimizer), the transpile's
 wall-clock seconds, CPU seconds of this process (steadier on a busy machine), microseconds per
-parameter, and the ratio of the largest size's times to the second largest's:
-with a 10x size step it should stay near 10; far above means something is quadratic. The per-pass times
-of the largest size follow.
+parameter, and the ratio of the largest size's times to the second largest's: with a 10x size step it
+should stay near 10; far above means something is quadratic. Then where the time of the largest size's
+best transpile went: the passes (each pass, from the transpiler's ``timings``), verification (the
+per-program checks the pipeline runs around the passes, and the final cross-program checks), cloning
+(``Program.clone`` outside the passes; the passes' own clones are in their times) and the rest. The
+breakdown wraps the verifier's and ``Program.clone``'s entry points while the bench runs.
 
 ``python bench/transpile_bench.py [--sizes 100,1000,10000] [--pservers 8] [--repeat 3]``
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import pathlib
 import sys
 import time
+from typing import Any, Callable, Iterator
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import ir  # noqa: E402
+import passes.pass_base  # noqa: E402
 from ir import layers, optimizer  # noqa: E402
 from ir.core import Program  # noqa: E402
+from ir.verify import _ProgramChecker, _SetChecker  # noqa: E402
 from transpiler import DistributeTranspiler  # noqa: E402
 
 IN_DIM = 16
@@ -60,22 +68,84 @@ def count_ops(program: Program) -> int:
     return sum(len(b.ops) for b in program.blocks)
 
 
+class Breakdown:
+    """Wall-clock seconds spent in the verifier and in ``Program.clone`` during one transpile: the
+    entry points are wrapped (``patched``) and the Timing instrument's calls mark when a pass runs."""
+
+    def __init__(self) -> None:
+        self.verify_programs = 0.0  # per-program checks (actually run, not answered from the cache)
+        self.verify_set = 0.0  # the cross-program checks of the finished ProgramSet
+        self.clone = 0.0  # Program.clone outside the passes
+        self.in_pass = False
+
+    def _timed(self, fn: Callable[..., Any], field: str) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if field == "clone" and self.in_pass:
+                return fn(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter() - start)
+        return wrapper
+
+    def _marking(self, fn: Callable[..., Any], in_pass: bool) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.in_pass = in_pass
+            return fn(*args, **kwargs)
+        return wrapper
+
+    @contextlib.contextmanager
+    def patched(self) -> Iterator["Breakdown"]:
+        timing = passes.pass_base.Timing
+        targets = [(_ProgramChecker, "run", self._timed(_ProgramChecker.run, "verify_programs")),
+                   (_SetChecker, "run", self._timed(_SetChecker.run, "verify_set")),
+                   (Program, "clone", self._timed(Program.clone, "clone")),
+                   (timing, "before", self._marking(timing.before, True)),
+                   (timing, "after", self._marking(timing.after, False))]
+        saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in targets]
+        try:
+            for owner, name, wrapper in targets:
+                setattr(owner, name, wrapper)
+            yield self
+        finally:
+            for owner, name, original in saved:
+                setattr(owner, name, original)
+
+
 def time_transpile(main: Program, startup: Program, pservers: str,
-                   repeat: int) -> tuple[float, float, DistributeTranspiler]:
-    """Best wall-clock and best CPU seconds (this process) of ``repeat`` transpiles, and the last transpiler."""
-    best_wall, best_cpu, last = float("inf"), float("inf"), None
+                   repeat: int) -> tuple[float, float, DistributeTranspiler, Breakdown]:
+    """Best wall-clock and best CPU seconds (this process) of ``repeat`` transpiles, the last transpiler,
+    and the breakdown of the fastest run."""
+    best_wall, best_cpu, last, best_parts = float("inf"), float("inf"), None, Breakdown()
     for _ in range(repeat):
         last = None
         gc.collect()
         t = DistributeTranspiler()
-        start, start_cpu = time.perf_counter(), time.process_time()
-        t.transpile(0, program=main, pservers=pservers, trainers=2, sync_mode=True, startup_program=startup)
-        best_cpu = min(best_cpu, time.process_time() - start_cpu)
-        best_wall = min(best_wall, time.perf_counter() - start)
+        with Breakdown().patched() as parts:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            t.transpile(0, program=main, pservers=pservers, trainers=2, sync_mode=True, startup_program=startup)
+            cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
+        best_cpu = min(best_cpu, cpu)
+        if wall < best_wall:
+            best_wall, best_parts = wall, parts
         last = t
     if last is None:
         raise SystemExit("--repeat must be at least 1")
-    return best_wall, best_cpu, last
+    return best_wall, best_cpu, last, best_parts
+
+
+def print_breakdown(n_params: int, wall: float, t: DistributeTranspiler, parts: Breakdown) -> None:
+    in_passes = sum(t.timings.values())
+    verify = parts.verify_programs + parts.verify_set
+    rest = wall - in_passes - verify - parts.clone
+    print(f"where the time went, {n_params} params (best run, wall-clock):")
+    rows = [("passes", in_passes)] + [(f"  {name}", secs) for name, secs in t.timings.items()]
+    rows += [("verification", verify), ("  per program", parts.verify_programs),
+             ("  across programs", parts.verify_set), ("cloning", parts.clone), ("other", rest),
+             ("total", wall)]
+    for name, secs in rows:
+        print(f"  {name:<20} {secs:>9.4f} s {secs / wall * 100 if wall else 0.0:>5.1f}%")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,28 +160,27 @@ def main(argv: list[str] | None = None) -> int:
     pservers = ",".join(f"127.0.0.1:{6170 + i}" for i in range(args.pservers))
 
     print(f"transpile: sync, 2 trainers, {args.pservers} pservers, best of {args.repeat}")
-    print(f"{'params':>8} {'ops':>8} {'blocks':>7} {'build s':>9} {'transpile s':>12} {'cpu s':>9} "
-          f"{'us/param':>9}")
+    print(f"{'params':>8} {'ops':>8} {'blocks':>7} {'build s':>9} {'build cpu':>10} {'transpile s':>12} "
+          f"{'cpu s':>9} {'us/param':>9}")
     results: list[tuple[int, float, float]] = []
-    last_t = None
+    last: tuple[int, float, DistributeTranspiler, Breakdown] | None = None
     for size in sizes:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         prog, startup = build(size)
-        built = time.perf_counter() - start
-        secs, cpu, last_t = time_transpile(prog, startup, pservers, args.repeat)
+        built, built_cpu = time.perf_counter() - start, time.process_time() - start_cpu
+        secs, cpu, t, parts = time_transpile(prog, startup, pservers, args.repeat)
         n_params = count_params(prog)
-        blocks = sum(len(p.param_blocks) for p in last_t.plan.params)
+        blocks = sum(len(p.param_blocks) for p in t.plan.params)
         results.append((n_params, secs, cpu))
-        print(f"{n_params:>8} {count_ops(prog):>8} {blocks:>7} {built:>9.3f} {secs:>12.4f} {cpu:>9.4f} "
-              f"{secs / n_params * 1e6:>9.1f}")
+        last = n_params, secs, t, parts
+        print(f"{n_params:>8} {count_ops(prog):>8} {blocks:>7} {built:>9.3f} {built_cpu:>10.3f} {secs:>12.4f} "
+              f"{cpu:>9.4f} {secs / n_params * 1e6:>9.1f}")
     if len(results) >= 2:
         (n_small, t_small, c_small), (n_big, t_big, c_big) = results[-2], results[-1]
         print(f"ratio {n_big}/{n_small} params: time x{t_big / t_small:.2f} (cpu x{c_big / c_small:.2f}) "
               f"for size x{n_big / n_small:.1f}")
-    if last_t is not None:
-        print(f"per pass, {results[-1][0]} params (last run):")
-        for name, secs in last_t.timings.items():
-            print(f"  {name:<20} {secs:>9.4f} s")
+    if last is not None:
+        print_breakdown(*last)
     return 0
 
 

@@ -485,6 +485,7 @@ class Block:
                     continue
                 if (var.shape, var.dtype, var.type) != (info.shape, info.dtype, info.type):
                     owner._vars[name] = dataclasses.replace(var, shape=info.shape, dtype=info.dtype, type=info.type)
+                    owner._touch()
 
     def _owner_of(self, name: str) -> "Block | None":
         block: Block | None = self

@@ -46,8 +46,8 @@ from ir.program_set import ProgramSet
 from ir.roles import ALL_ROLE_BITS, OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, is_valid_role, role_name
 
 __all__ = [
-    "Code", "MAX_MESSAGE_BYTES", "Problem", "collect_problems", "cross_program_problems", "format_context", "verify",
-    "verify_program_set",
+    "Code", "MAX_MESSAGE_BYTES", "Problem", "VerifyCache", "collect_problems", "cross_program_problems",
+    "format_context", "verify", "verify_program_set",
 ]
 
 
@@ -374,6 +374,29 @@ class _ProgramChecker:
 def collect_problems(program: Program, *, role: str | None = None) -> list[Problem]:
     """Every problem of ``program``, in block then op order; ``role`` prefixes each ``where``."""
     return _ProgramChecker(program, role).run()
+
+
+class VerifyCache:
+    """The problems of programs already verified, reused while a program is unchanged.
+
+    A pipeline re-verifies every program of its set after each pass, but a pass changes a few of them;
+    verifying an unchanged program again would find the same problems. ``Program.version`` grows on
+    every change made through the IR's methods (see ``ir.core``); the block list, which readers of the
+    text and protobuf forms build directly, is part of the key as well. Only for programs changed
+    through those methods (a pipeline of passes), not for tests that edit private fields."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Program, tuple[Any, ...], str | None, list[Problem]]] = {}
+
+    def problems(self, program: Program, *, role: str | None = None) -> list[Problem]:
+        """``collect_problems(program, role=role)``, from the cache when ``program`` is unchanged."""
+        key = (program.version, tuple((id(b), b.idx, b.parent_idx) for b in program.blocks))
+        entry = self._entries.get(id(program))
+        if entry is not None and entry[0] is program and entry[1] == key and entry[2] == role:
+            return list(entry[3])
+        found = collect_problems(program, role=role)
+        self._entries[id(program)] = (program, key, role, list(found))
+        return found
 
 
 def _window(items: Sequence[Any], fmt: Any, center: int, radius: int) -> tuple[list[str], int, int]:
@@ -893,14 +916,16 @@ def cross_program_problems(program_set: ProgramSet) -> list[Problem]:
     return [p for _, _, p in _cross_located(program_set)]
 
 
-def verify_program_set(program_set: ProgramSet) -> None:
+def verify_program_set(program_set: ProgramSet, *, cache: VerifyCache | None = None) -> None:
     """Verify each role's main program (``where`` prefixed ``ROLE/``) and startup program
     (``ROLE/startup/``), then the cross-program checks; raise ``VerifyError`` listing every problem,
-    with an IR window around the first located one (per-program problems first)."""
+    with an IR window around the first located one (per-program problems first). ``cache`` reuses
+    the per-program results of programs unchanged since it last verified them."""
+    cache = cache if cache is not None else VerifyCache()
     located: list[tuple[Program, str | None, Problem]] = []
     for role, progs in program_set.items():
         for prefix, program in ((role, progs.main), (f"{role}/startup", progs.startup)):
-            located += [(program, prefix, p) for p in collect_problems(program, role=prefix)]
+            located += [(program, prefix, p) for p in cache.problems(program, role=prefix)]
     located += _cross_located(program_set)
     if located:
         _raise(located, [p for _, _, p in located])

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Sequence, TextIO
 from ir.core import Program
 from ir.errors import FlotillaError, VerifyError
 from ir.program_set import ProgramSet
-from ir.verify import collect_problems, format_context
+from ir.verify import VerifyCache, format_context
 
 from passes.collective_plan import CollectivePlan
 from passes.dist_plan import DistPlan
@@ -50,6 +50,8 @@ class PassContext:
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     collective: CollectivePlan | None = None  # set in the collective (nccl2) modes
+    # What the verifier found in each program, kept while the program is unchanged (its version).
+    verify_cache: VerifyCache = field(default_factory=VerifyCache)
 
     def require_collective(self, pass_name: str) -> CollectivePlan:
         if self.collective is None:
@@ -124,12 +126,14 @@ class DumpToDir(Instrument):
         self._count += 1
 
 
-def verify_programs(programs: ProgramSet) -> None:
-    """Verify each program of the set on its own (the cross-program checks need a finished set)."""
+def verify_programs(programs: ProgramSet, cache: VerifyCache | None = None) -> None:
+    """Verify each program of the set on its own (the cross-program checks need a finished set);
+    ``cache`` skips the programs no pass changed since it last verified them."""
+    cache = cache if cache is not None else VerifyCache()
     located = []
     for role, progs in programs.items():
         for prefix, program in ((role, progs.main), (f"{role}/startup", progs.startup)):
-            located += [(program, prefix, pr) for pr in collect_problems(program, role=prefix)]
+            located += [(program, prefix, pr) for pr in cache.problems(program, role=prefix)]
     if located:
         first = next((item for item in located if item[2].op is not None), located[0])
         context = format_context(first[0], first[2], role=first[1]) if first[2].block is not None else None
@@ -154,7 +158,7 @@ class PassManager:
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         """Run every pass in order; True when any of them changed something."""
         try:
-            verify_programs(programs)
+            verify_programs(programs, ctx.verify_cache)
         except VerifyError as e:
             raise PassError(f"the input of the pipeline does not verify:\n{e.message}",
                             hint="fix the input program before transpiling") from e
@@ -168,7 +172,7 @@ class PassManager:
             if changed:
                 any_changed = True
                 try:
-                    verify_programs(programs)
+                    verify_programs(programs, ctx.verify_cache)
                 except VerifyError as e:
                     before = [q.name for q in self.passes[:i]]
                     raise PassError(

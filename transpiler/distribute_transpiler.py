@@ -169,7 +169,7 @@ class DistributeTranspiler:
         if self._print_ir_after:
             instruments.append(PrintIRAfter(self._print_ir_after))
         PassManager(pipeline, instruments).run(programs, ctx)
-        verify_program_set(programs)
+        verify_program_set(programs, cache=ctx.verify_cache)
         self._programs, self._plan = programs, ctx.plan
         self.timings, self.warnings = dict(ctx.timings), list(ctx.warnings)
         if self.config.print_log:

@@ -51,9 +51,13 @@ class AttrKind(enum.Enum):
     BLOCK = "block"
     BLOCKS = "blocks"
 
+    # Members are singletons compared by identity, so identity hashing is consistent with equality;
+    # Enum's own __hash__ is Python code, and the verifier looks kinds up millions of times.
+    __hash__ = object.__hash__
+
     @property
     def is_list(self) -> bool:
-        return self in (AttrKind.BOOLS, AttrKind.INTS, AttrKind.FLOATS, AttrKind.STRINGS, AttrKind.BLOCKS)
+        return self in _ELEMENT
 
     @property
     def element(self) -> "AttrKind":
@@ -400,28 +404,34 @@ def suggest(name: str, candidates: Iterable[str]) -> str | None:
 
 def check_attr_value(kind: AttrKind, value: Any) -> str | None:
     """None if ``value`` is a valid value of ``kind``, else what is wrong with it."""
-    if kind.is_list:
+    element = _ELEMENT.get(kind)
+    if element is not None:
         if not isinstance(value, (list, tuple)):
-            return f"expected a list of {kind.element.value}, got {type(value).__name__} {value!r}"
+            return f"expected a list of {element.value}, got {type(value).__name__} {value!r}"
+        ok = _SCALAR_OK[element]
         for v in value:
-            problem = check_attr_value(kind.element, v)
-            if problem:
-                return f"list element: {problem}"
+            if not ok(v):
+                return f"list element: expected {element.value}, got {type(v).__name__} {v!r}"
         return None
-    ok = {
-        AttrKind.BOOL: lambda v: isinstance(v, bool),
-        AttrKind.INT: lambda v: isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63,
-        AttrKind.FLOAT: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        AttrKind.STRING: lambda v: isinstance(v, str),
-        AttrKind.BLOCK: lambda v: isinstance(v, BlockRef),
-    }[kind](value)
-    return None if ok else f"expected {kind.value}, got {type(value).__name__} {value!r}"
+    return None if _SCALAR_OK[kind](value) else f"expected {kind.value}, got {type(value).__name__} {value!r}"
+
+
+_SCALAR_OK: dict[AttrKind, Callable[[Any], bool]] = {
+    AttrKind.BOOL: lambda v: isinstance(v, bool),
+    AttrKind.INT: lambda v: isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63,
+    AttrKind.FLOAT: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    AttrKind.STRING: lambda v: isinstance(v, str),
+    AttrKind.BLOCK: lambda v: isinstance(v, BlockRef),
+}
 
 
 def normalize_attr_value(kind: AttrKind, value: Any) -> Any:
     """The canonical stored form of a valid value: lists as lists, floats as float."""
-    if kind.is_list:
-        return [normalize_attr_value(kind.element, v) for v in value]
+    element = _ELEMENT.get(kind)
+    if element is AttrKind.FLOAT:
+        return [float(v) for v in value]
+    if element is not None:
+        return list(value)
     if kind is AttrKind.FLOAT:
         return float(value)
     return value
