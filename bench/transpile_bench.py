@@ -115,11 +115,10 @@ class Breakdown:
 
 def time_transpile(main: Program, startup: Program, pservers: str,
                    repeat: int) -> tuple[float, float, DistributeTranspiler, Breakdown]:
-    """Best wall-clock and best CPU seconds (this process) of ``repeat`` transpiles, the last transpiler,
-    and the breakdown of the fastest run."""
-    best_wall, best_cpu, last, best_parts = float("inf"), float("inf"), None, Breakdown()
+    """Best wall-clock and best CPU seconds (this process) of ``repeat`` transpiles, and the transpiler
+    and breakdown of the fastest run."""
+    best_wall, best_cpu, best, best_parts = float("inf"), float("inf"), None, Breakdown()
     for _ in range(repeat):
-        last = None
         gc.collect()
         t = DistributeTranspiler()
         with Breakdown().patched() as parts:
@@ -128,11 +127,10 @@ def time_transpile(main: Program, startup: Program, pservers: str,
             cpu, wall = time.process_time() - start_cpu, time.perf_counter() - start
         best_cpu = min(best_cpu, cpu)
         if wall < best_wall:
-            best_wall, best_parts = wall, parts
-        last = t
-    if last is None:
+            best_wall, best, best_parts = wall, t, parts
+    if best is None:
         raise SystemExit("--repeat must be at least 1")
-    return best_wall, best_cpu, last, best_parts
+    return best_wall, best_cpu, best, best_parts
 
 
 def print_breakdown(n_params: int, wall: float, t: DistributeTranspiler, parts: Breakdown) -> None:
