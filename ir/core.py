@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -262,7 +263,10 @@ class Block:
 
     def find_var_recursive(self, name: str) -> Variable | None:
         """The variable named ``name`` in this block or the nearest ancestor that has it."""
-        block: Block | None = self
+        v = self._vars.get(name)
+        if v is not None or self.parent_idx < 0:
+            return v
+        block = self.parent
         while block is not None:
             v = block._vars.get(name)
             if v is not None:
@@ -513,14 +517,25 @@ def infer_op(op: Operator) -> dict[str, list[VarInfo]] | None:
     if op_def is None or op_def.infer is None:
         return None
     block = op.block
-    inputs = {slot: [_info(block.var_recursive(n)) for n in names] for slot, names in op.inputs.items()}
-    ctx = InferContext(op.type, inputs, op.attrs, {slot: len(names) for slot, names in op.outputs.items()})
+    find = block.find_var_recursive
+    inputs = {}
+    for slot, names in op._inputs.items():
+        infos = []
+        for n in names:
+            var = find(n)
+            if var is None:
+                var = block.var_recursive(n)  # raises, naming the variable
+            infos.append(_info(var.shape, var.dtype, var.type))
+        inputs[slot] = infos
+    ctx = InferContext(op.type, inputs, op._attrs, {slot: len(names) for slot, names in op._outputs.items()})
     op_def.infer(ctx)
     return ctx.outputs
 
 
-def _info(var: Variable) -> VarInfo:
-    return VarInfo(var.shape, var.dtype, var.type)
+@functools.lru_cache(maxsize=4096)
+def _info(shape: tuple[int, ...], dtype: str, type: str) -> VarInfo:
+    """VarInfos are frozen values, so one per (shape, dtype, type) serves every variable that has it."""
+    return VarInfo(shape, dtype, type)
 
 
 class Program:
