@@ -40,7 +40,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ir.core import Block, Operator, Parameter, Program, Variable, block_refs, infer_op
 from ir.errors import FlotillaError, RegistryError, VerifyError
-from ir.ops.registry import AttrKind, OpDef, check_attr_value, find_op_def, get_op_def, suggest
+from ir.ops.registry import AttrKind, BlockRef, OpDef, check_attr_value, find_op_def, get_op_def, suggest
 from ir.printer import format_op, format_var
 from ir.program_set import ProgramSet
 from ir.roles import ALL_ROLE_BITS, OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, is_valid_role, role_name
@@ -177,7 +177,7 @@ class _ProgramChecker:
     def _lookup(self, pos: int, name: str) -> tuple[Variable | None, int]:
         """The variable ``name`` seen from block ``pos`` and the position of the block declaring it."""
         for p in self.chains[pos]:
-            v = self.blocks[p].vars.get(name)
+            v = self.blocks[p]._vars.get(name)
             if v is not None:
                 return v, p
         return None, -1
@@ -237,8 +237,9 @@ class _ProgramChecker:
     def _check_attrs(self, op: Operator, op_def: OpDef, where: str, loc: Mapping[str, int]) -> bool:
         ok = True
         attrs = op.attrs
+        declared_map = op_def._attr_map
         for name in attrs:
-            if op_def.attr_def(name) is None:
+            if name not in declared_map:
                 ok = False
                 declared = [a.name for a in op_def.attrs]
                 self._add(Code.UNKNOWN_ATTR, where, f"attribute {name!r}", f"one of {op.type}'s attributes",
@@ -261,6 +262,8 @@ class _ProgramChecker:
     def _check_block_refs(self, op: Operator, pos: int, where: str, loc: Mapping[str, int]) -> None:
         n = len(self.blocks)
         for name, value in op.attrs.items():
+            if not isinstance(value, (BlockRef, list)):
+                continue  # no block reference (what block_refs would find), without a call per attribute
             for ref in block_refs(value):
                 if not isinstance(ref, int) or not 0 < ref < n:
                     self._add(Code.BLOCK_REF, where, f"attribute {name} refers to block {ref!r}",
