@@ -2,6 +2,8 @@
 
 A home of its own beside ``flotilla.fluid`` (the other front end) because capture needs jax and the
 runtime's archive format, which the jax-free packages (``ir``, ``passes``, ``transpiler``) must not.
+Its name shadows jax for a script run from inside ``flotilla/`` (``python flotilla/cli.py``): run the
+package's modules with ``-m`` (``python -m flotilla.cli``), as the console script does.
 """
 from __future__ import annotations
 
