@@ -15,7 +15,7 @@ from collections import defaultdict
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CODE = re.compile(r"E\d{3}")
-SKIPPED_DIRS = {".git", "build", "dist", "__pycache__", ".venv", "venv"}
+SKIPPED_DIRS = {"build", "dist", "__pycache__", "venv"}  # and every hidden directory
 BASE = "FlotillaError"
 
 
@@ -65,8 +65,10 @@ def scan(source: str, filename: str) -> tuple[list[tuple[str, str, str]], dict[s
 
 
 def _project_files() -> list[pathlib.Path]:
-    return sorted(p for p in REPO_ROOT.rglob("*.py")
-                  if not SKIPPED_DIRS.intersection(p.relative_to(REPO_ROOT).parts[:-1]))
+    def skipped(path: pathlib.Path) -> bool:
+        return any(part in SKIPPED_DIRS or part.startswith(".") for part in path.relative_to(REPO_ROOT).parts[:-1])
+
+    return sorted(p for p in REPO_ROOT.rglob("*.py") if not skipped(p))
 
 
 def _tree_codes() -> tuple[list[tuple[str, str, str]], dict[str, list[str]]]:
