@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Iterator
 
 import runtime
-from examples import cluster
+from flotilla import cluster
 
 
 def train(args: argparse.Namespace, model: Any, batches: Callable[[int], Iterator[dict[str, Any]]],

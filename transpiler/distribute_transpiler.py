@@ -61,7 +61,7 @@ class DistributeTranspiler:
     def __init__(self, config: DistributeTranspilerConfig | None = None) -> None:
         if config is not None and not isinstance(config, DistributeTranspilerConfig):
             raise TranspilerError(f"config must be a DistributeTranspilerConfig, got {type(config).__name__}",
-                                  code="E710")
+                                  code="E718")
         self.config = (config or DistributeTranspilerConfig()).validated()
         self._print_ir_after = os.environ.get("FLOTILLA_PRINT_IR_AFTER", "")
         self._programs: ProgramSet | None = None

@@ -9,7 +9,7 @@ examples/s) and, at the end, the accuracy of the forward-only test program on a 
 ``build(args)`` and ``batches(args, ...)`` are what a benchmark needs to time a training step
 (``bench/collective_bench.py``).
 
-Distributed, like every example (``examples/cluster.py``): the role comes from the environment that
+Distributed, like every example (``flotilla.cluster``): the role comes from the environment that
 ``flotilla launch`` sets (``--nproc_per_node 2`` for collective training, ``--server_num/--worker_num``
 for a parameter-server job); a pserver serves until every trainer has completed and returns ``{}``; each
 trainer trains ``--steps`` steps on its shard of the batch stream (batch ``i`` goes to trainer
@@ -29,7 +29,8 @@ if __package__ in (None, ""):
 
 import ir  # noqa: E402
 import runtime  # noqa: E402
-from examples import classifier_loop, cluster  # noqa: E402
+from examples import classifier_loop  # noqa: E402
+from flotilla import cluster  # noqa: E402
 from examples.transformer import data  # noqa: E402
 from examples.transformer.model import TransformerModel, build_model  # noqa: E402
 

@@ -166,7 +166,7 @@ def test_dc_asgd_needs_async() -> None:
 
 def test_bad_split_method() -> None:
     expect_error(lambda: DistributeTranspiler(DistributeTranspilerConfig(split_method=str)),  # type: ignore[arg-type]
-                 "E710", "split_method must be a PSDispatcher subclass")
+                 "E718", "split_method must be a PSDispatcher subclass")
 
 
 # --- results -------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from ir.core import Program
 from ir.printer import format_program
 from ir.serialize import load_program, save_program
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig, HashName
-from transpiler.cli import role_file_stem
+from flotilla.cli import role_file_stem
 
 TIMEOUT_S = 60
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -251,7 +251,7 @@ def _fake_dot(folder: pathlib.Path) -> dict[str, str]:
 def test_plan_png_through_dot(fc_files, tmp_path: pathlib.Path) -> None:
     env = _fake_dot(tmp_path / "bin")
     out = tmp_path / "plan.png"
-    cmd = [sys.executable, "-m", "transpiler.cli", "plan", *inputs(fc_files)]
+    cmd = [sys.executable, "-m", "flotilla.cli", "plan", *inputs(fc_files)]
     done = run_tool([*cmd, "--format", "png", "--output", str(out)], tmp_path, env)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     dot = run_tool([*cmd, "--format", "dot"], tmp_path, env).stdout
@@ -261,7 +261,7 @@ def test_plan_png_through_dot(fc_files, tmp_path: pathlib.Path) -> None:
 def test_plan_png_without_graphviz(fc_files, tmp_path: pathlib.Path) -> None:
     env = {**os.environ, "PATH": ""}
     out = tmp_path / "plan.png"
-    done = run_tool([sys.executable, "-m", "transpiler.cli", "plan", *inputs(fc_files), "--format", "png",
+    done = run_tool([sys.executable, "-m", "flotilla.cli", "plan", *inputs(fc_files), "--format", "png",
                      "--output", str(out)], tmp_path, env)
     assert_user_error(done, "Graphviz's dot is not installed", "--format dot")
     assert not out.exists()
