@@ -18,9 +18,8 @@ import time
 import pytest
 
 from ir.errors import FlotillaError
-from runtime.launch import JobPlan, build_parser, child_environ, launch, plan_job
+from runtime.launch import JobPlan, build_parser, child_environ, free_ports, launch, plan_job
 from runtime.role import ROLE_ENV_VARS, LaunchError, Role, role_from_env
-from tests.launching import free_ports
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 JOB = str(pathlib.Path(__file__).resolve().parent / "launch_scripts" / "job.py")

@@ -28,7 +28,7 @@ from ir.parser import parse_program
 from ir.verify import verify
 from flotilla.jax import CaptureError, capture
 from runtime.kernels.jax_function import rows_held
-from tests.launching import free_ports
+from runtime.launch import free_ports
 from tests.flotilla.jax import capture_worker
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
