@@ -28,15 +28,7 @@ from flotilla.fluid.learning_rate import create_global_var
 from flotilla.fluid.regularizer import WeightDecayRegularizer, append_regularization_ops, as_regularizer
 from flotilla.fluid.spec import number, optimize_attrs
 from ir.backward import append_backward
-from ir.core import (
-    Block,
-    Operator,
-    Parameter,
-    Program,
-    Variable,
-    default_main_program,
-    default_startup_program,
-)
+from ir.core import Block, Operator, Parameter, Program, Variable, default_main_program, default_startup_program
 from ir.errors import IRError
 from ir.names import unique_name
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
