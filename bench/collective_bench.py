@@ -185,7 +185,8 @@ def worker_fusion(rank: int, endpoints: list[str], fuse_mb: float, steps: int) -
     import numpy as np
 
     import runtime
-    from ir import Program, layers, optimizer, program_guard
+    from ir import Program, program_guard
+    from flotilla.fluid import layers, optimizer
     from ir.names import unique_name
     from transpiler import DistributeTranspiler, DistributeTranspilerConfig
 

@@ -212,7 +212,7 @@ def captured_mlp_case(lr: float = 0.1) -> Case:
     """The plain-JAX MLP of ``examples/jax_capture`` (32 → 128 relu → 10, squared error) captured by
     ``flotilla.jax`` (SGD), against the same ``loss_fn`` under ``jax.value_and_grad`` + SGD, jitted."""
     from examples.jax_capture import models as jc
-    from ir import optimizer
+    from flotilla.fluid import optimizer
     from flotilla.jax import capture
 
     params = jc.mlp_init(0, d_in=32, hidden=128, d_out=10)

@@ -26,11 +26,10 @@ from ir.parser import parse_program, parse_program_file
 from ir.serialize import load_program, save_program
 from ir.export import program_from_json, program_to_dot, program_to_json
 from ir.verify import Problem, collect_problems, verify, verify_program_set
-from ir.param_attr import ParamAttr
 from ir.backward import append_backward
 
 __all__ = [
-    "ParamAttr", "Problem", "append_backward", "collect_problems", "load_program", "parse_program",
+    "Problem", "append_backward", "collect_problems", "load_program", "parse_program",
     "parse_program_file", "program_from_json", "program_to_dot", "program_to_json", "save_program", "verify",
     "verify_program_set",
     "Block", "BlockRef", "FlotillaError", "IRError", "OpRole", "Operator", "Parameter", "ParseError", "Program",

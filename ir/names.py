@@ -43,6 +43,12 @@ def dc_asgd_backup_name(param: str, trainer_id: int) -> str:
     return f"{param}.trainer_{trainer_id}_bak"
 
 
+def seq_len_name(name: str) -> str:
+    """The fed variable holding the sequence lengths of the lod_level=1 data variable ``name``:
+    ``words`` → ``words@SEQ_LEN`` (int64 [N], one row count per sequence)."""
+    return name + "@SEQ_LEN"
+
+
 def geo_updates_name(table: str) -> str:
     """Geo-SGD: what a trainer fetches from a pserver to get the rows of its shard of distributed table
     ``table`` that changed since this trainer last fetched them (``table@GEO_UPDATES``, served as

@@ -22,7 +22,7 @@ if __package__ in (None, ""):
 import runtime  # noqa: E402
 from flotilla import cluster  # noqa: E402
 from examples.jax_capture import models  # noqa: E402
-from ir import optimizer  # noqa: E402
+from flotilla.fluid import optimizer  # noqa: E402
 from flotilla.jax import capture  # noqa: E402
 from runtime.role import role_from_env  # noqa: E402
 

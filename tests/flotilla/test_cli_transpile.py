@@ -14,7 +14,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import ir
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
+from flotilla.fluid.param_attr import ParamAttr
 from ir.core import Program
 from ir.printer import format_program
 from ir.serialize import load_program, save_program
@@ -42,7 +43,7 @@ def build_fc(make_opt: Callable[[], Any] | None = lambda: optimizer.SGD(0.1)) ->
     with ir.program_guard(main, startup):
         x = layers.data("x", [1000])
         y = layers.data("y", [1000])
-        pred = layers.fc(x, 1000, param_attr=ir.ParamAttr(name="fc_w"), bias_attr=ir.ParamAttr(name="fc_b"))
+        pred = layers.fc(x, 1000, param_attr=ParamAttr(name="fc_w"), bias_attr=ParamAttr(name="fc_b"))
         loss = layers.mean(layers.square_error_cost(pred, y))
         if make_opt is not None:
             make_opt().minimize(loss)

@@ -25,7 +25,7 @@ def build(model: str) -> tuple[Any, Any, Any, list[dict[str, np.ndarray]]]:
     """(main, startup, loss, global batches) of a captured model: CTR with SGD and a distributed table,
     the others with Adam."""
     from examples.jax_capture import models as M
-    from ir import optimizer
+    from flotilla.fluid import optimizer
     from flotilla.jax import capture
 
     loss_fn, init, batches = M.MODELS[model]

@@ -22,7 +22,7 @@ import pytest
 
 import runtime
 from examples.jax_capture import models as M
-from ir import optimizer
+from flotilla.fluid import optimizer
 from ir.core import Variable
 from ir.parser import parse_program
 from ir.verify import verify

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 
 import runtime
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.core import Operator, Program, program_guard
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from runtime.kernels.rpc import max_message_bytes
 from runtime.launch import free_ports
 from runtime.rpc.pserver import PServer, PServerError, Status

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ir import layers, learning_rate, optimizer
+from flotilla.fluid import layers, learning_rate, optimizer
 from ir.core import Program, program_guard
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
 
 DIM, HIDDEN, TABLE_ROWS, EMB = 12, 40, 101, 4

@@ -118,10 +118,10 @@ def fc_loss(p: dict[str, np.ndarray], feeds: list[dict[str, np.ndarray]]) -> flo
 
 def small_table_geo(trainers: int, endpoint: str = "127.0.0.1:6174") -> DistributeTranspiler:
     """A 50 x 4 distributed table and an fc, transpiled for Geo-SGD (k = 4) on one pserver."""
-    from ir import layers, optimizer
+    from flotilla.fluid import layers, optimizer
     from ir.core import Program, program_guard
     from ir.names import unique_name
-    from ir.param_attr import ParamAttr
+    from flotilla.fluid.param_attr import ParamAttr
 
     main, startup = Program(), Program()
     with unique_name.guard(), program_guard(main, startup):
