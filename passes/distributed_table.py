@@ -45,15 +45,14 @@ from dataclasses import dataclass
 
 from ir.core import Block, Operator, Program, Variable
 from ir.ops.registry import BlockRef
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 from passes.collect_params import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_ops
 from passes.dist_plan import DistPlan, TablePlan
 from passes.pass_base import Pass, PassContext
-from passes.pserver_program import _copy_op, pserver_role
-from passes.trainer_send_recv import (control_var, last_writers, rpc_attrs, send_dummy_name, table_lookups,
-                                      trainer_role)
+from passes.pserver_program import _copy_op
+from passes.trainer_send_recv import (control_var, last_writers, rpc_attrs, send_dummy_name, table_lookups)
 
 CHECKPOINT_PATH = "none"  # Fluid's kLookupTablePath placeholder: checkpoint_notify gives the directory
 
@@ -85,11 +84,11 @@ class DistributedTable(Pass):
             return False
         plan = ctx.require_placed(self.name)
         if not plan.geo_sgd:  # a Geo-SGD trainer keeps the table (trainer_send_recv, geo_sgd_startup)
-            role = programs[trainer_role(plan.trainer_id)]
+            role = programs[ProgramRole.trainer(plan.trainer_id)]
             self._rewrite_trainer(role.main.global_block(), plan, table)
             self._rewrite_trainer_startup(role.startup.global_block(), ctx, table)
         for i, ep in enumerate(plan.pservers):
-            ps = programs[pserver_role(ep)]
+            ps = programs[ProgramRole.pserver(ep)]
             self._rewrite_pserver(ps.main, ctx, plan, table, i)
             self._rewrite_pserver_startup(ps.startup, ps.main, ctx, table)
         return True

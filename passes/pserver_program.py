@@ -37,16 +37,12 @@ from dataclasses import dataclass
 from ir.core import Block, Operator, Program, Variable
 from ir.names import block_name, dc_asgd_backup_name
 from ir.ops.registry import BlockRef
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 from passes.collect_params import ACCUMULATOR_SLOTS, is_optimizer_op, lr_ops, optimize_ops
 from passes.dist_plan import DistPlan, ParamPlan
 from passes.pass_base import Pass, PassContext, PassError
-
-
-def pserver_role(endpoint: str) -> str:
-    return f"pserver@{endpoint}"
 
 
 def _copy_op(dst: Block, op: Operator, rename: dict[str, str], block_map: dict[int, int] | None = None) -> Operator:
@@ -76,7 +72,7 @@ class PserverProgram(Pass):
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         plan = ctx.require_placed(self.name)
         for ep in plan.pservers:
-            programs.add(pserver_role(ep), self.build(ctx, plan, ep), Program())
+            programs.add(ProgramRole.pserver(ep), self.build(ctx, plan, ep), Program())
         return True
 
     def build(self, ctx: PassContext, plan: DistPlan, ep: str) -> Program:

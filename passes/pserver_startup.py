@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from ir.core import Operator, Program
 from ir.names import dc_asgd_backup_name
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.dist_plan import DistPlan
 from passes.pass_base import Pass, PassContext
-from passes.pserver_program import _copy_op, pserver_role
+from passes.pserver_program import _copy_op
 
 
 def held_as_index(program: Program) -> dict[str, list[str]]:
@@ -43,7 +43,7 @@ class PserverStartup(Pass):
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         plan = ctx.require_placed(self.name)
         for ep in plan.pservers:
-            role = programs[pserver_role(ep)]
+            role = programs[ProgramRole.pserver(ep)]
             role.startup = self.build(ctx.origin_startup, role.main)
             if plan.enable_dc_asgd:
                 _init_dc_asgd_backups(role.startup, plan, ep)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ir.core import Block, Operator, Parameter, Program, Variable
 from ir.names import geo_touched_name, geo_updates_name
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 from passes.collect_params import lr_ops, optimize_ops
@@ -44,10 +44,6 @@ from passes.pass_base import Pass, PassContext, PassError
 SEND_BARRIER_OUT = "__control_var@send_barrier"
 FETCH_BARRIER_OUT = "__control_var@fetch_barrier"
 GEO_STEP_VAR = "@GEO_SGD_STEP@"  # Geo-SGD: the trainer's step counter (persistable int64 [1])
-
-
-def trainer_role(trainer_id: int) -> str:
-    return f"trainer.{trainer_id}"
 
 
 def send_dummy_name(grad: str) -> str:
@@ -139,7 +135,7 @@ class TrainerSendRecv(Pass):
 
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         plan = ctx.require_placed(self.name)
-        program = programs[trainer_role(plan.trainer_id)].main
+        program = programs[ProgramRole.trainer(plan.trainer_id)].main
         block = program.global_block()
         if plan.geo_sgd:
             self._geo_sync(program, plan)
