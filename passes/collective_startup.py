@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ir.core import Parameter
+from ir.names import NCCL_ID_VAR
 from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
-from passes.collective_plan import NCCL_ID_VAR
 from passes.pass_base import Pass, PassContext
 
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ir.core import Block, Operator, Program, Variable
+from ir.names import send_dummy_name
 from ir.ops.registry import BlockRef
 from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
@@ -52,7 +53,7 @@ from passes.collect_params import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_o
 from passes.dist_plan import DistPlan, TablePlan
 from passes.pass_base import Pass, PassContext
 from passes.pserver_program import _copy_op
-from passes.trainer_send_recv import (control_var, last_writers, rpc_attrs, send_dummy_name, table_lookups)
+from passes.trainer_send_recv import control_var, last_writers, rpc_attrs, table_lookups
 
 CHECKPOINT_PATH = "none"  # Fluid's kLookupTablePath placeholder: checkpoint_notify gives the directory
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ir.names import GEO_STEP_VAR
 from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.pass_base import Pass, PassContext, PassError
-from passes.trainer_send_recv import GEO_STEP_VAR, geo_state_vars, geo_table_state_vars, rpc_attrs
+from passes.trainer_send_recv import geo_state_vars, geo_table_state_vars, rpc_attrs
 
 
 @dataclass(frozen=True)

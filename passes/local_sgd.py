@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ir.names import LOCAL_SGD_STEP_VAR
 from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
-from passes.collective_plan import LOCAL_SGD, LOCAL_SGD_STEP_VAR, trained_pairs
+from passes.collective_plan import LOCAL_SGD, trained_pairs
 from passes.pass_base import Pass, PassContext, PassError
 
 

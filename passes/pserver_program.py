@@ -35,7 +35,7 @@ import warnings
 from dataclasses import dataclass
 
 from ir.core import Block, Operator, Program, Variable
-from ir.names import block_name, dc_asgd_backup_name
+from ir.names import TRAINER_ID_VAR, block_name, dc_asgd_backup_name, dc_asgd_local_name, dc_asgd_temp_name
 from ir.ops.registry import BlockRef
 from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
@@ -243,9 +243,6 @@ class PserverProgram(Pass):
                 copied.set_input("Grad", [dc_grad])
 
 
-TRAINER_ID_VAR = "@TRAINER_ID@"  # set by the runtime to the id of the trainer whose gradient is applied
-
-
 def _dc_asgd_ops(blk: Block, plan: DistPlan, pp: ParamPlan, i: int) -> str:
     """DC-ASGD (Fluid 1.5): declare the per-trainer backups of the slice in block 0 and append
     ``ref_by_trainer_id`` → ``elementwise_sub`` → ``elementwise_mul`` ×2 → ``elementwise_add``, computing
@@ -265,7 +262,7 @@ def _dc_asgd_ops(blk: Block, plan: DistPlan, pp: ParamPlan, i: int) -> str:
         baks.append(name)
     if not g.has_var(TRAINER_ID_VAR):
         g.add_var(Variable(name=TRAINER_ID_VAR, shape=(1,), dtype="int64"))
-    tmp = [f"{pb.name}.local_bak"] + [f"{gb.name}.dc_asgd_{k}" for k in range(4)]
+    tmp = [dc_asgd_local_name(pb.name)] + [dc_asgd_temp_name(gb.name, k) for k in range(4)]
     for name in tmp:
         blk.add_var(Variable(name=name, shape=pb.shape, dtype=pvar.dtype))
     attrs = {OP_ROLE_ATTR: int(OpRole.OPTIMIZE)}

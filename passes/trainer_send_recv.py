@@ -33,28 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ir.core import Block, Operator, Parameter, Program, Variable
-from ir.names import geo_touched_name, geo_updates_name
+from ir.names import (FETCH_BARRIER_OUT, GEO_STEP_VAR, SEND_BARRIER_OUT, geo_snapshot_name, geo_touched_name,
+                      geo_updates_name, send_dummy_name)
 from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 from passes.collect_params import lr_ops, optimize_ops
 from passes.dist_plan import DistPlan, ParamPlan, TablePlan
 from passes.pass_base import Pass, PassContext, PassError
-
-SEND_BARRIER_OUT = "__control_var@send_barrier"
-FETCH_BARRIER_OUT = "__control_var@fetch_barrier"
-GEO_STEP_VAR = "@GEO_SGD_STEP@"  # Geo-SGD: the trainer's step counter (persistable int64 [1])
-
-
-def send_dummy_name(grad: str) -> str:
-    """The control-dependency output of the ``send`` of gradient ``grad``."""
-    return f"__control_var@send@{grad}"
-
-
-def geo_snapshot_name(param: str) -> str:
-    """Geo-SGD: the trainer's copy of ``param`` at its last sync (``copy_of`` records the parameter)."""
-    return f"{param}@GEO_SNAPSHOT"
-
 
 def geo_state_vars(block: Block, plan: DistPlan) -> list[Variable]:
     """Declare (if needed) Geo-SGD's persistable trainer state in ``block``: the step counter, then one

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ir.names import FETCH_BARRIER_OUT
 from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.pass_base import Pass, PassContext
-from passes.trainer_send_recv import FETCH_BARRIER_OUT, control_var, param_block_vars, rpc_attrs
+from passes.trainer_send_recv import control_var, param_block_vars, rpc_attrs
 
 
 @dataclass(frozen=True)
