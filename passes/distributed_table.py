@@ -49,10 +49,10 @@ from ir.ops.registry import BlockRef
 from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
-from passes.collect_params import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_ops
 from passes.dist_plan import DistPlan, TablePlan
+from passes.optimizer_ops import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_ops
 from passes.pass_base import Pass, PassContext
-from passes.trainer_send_recv import control_var, last_writers, rpc_attrs, table_lookups
+from passes.rpc_builders import control_var, last_writers, rpc_attrs, table_lookups
 
 CHECKPOINT_PATH = "none"  # Fluid's kLookupTablePath placeholder: checkpoint_notify gives the directory
 

@@ -19,7 +19,7 @@ from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.pass_base import Pass, PassContext, PassError
-from passes.trainer_send_recv import geo_state_vars, geo_table_state_vars, rpc_attrs
+from passes.rpc_builders import geo_state_vars, geo_table_state_vars, rpc_attrs
 
 
 @dataclass(frozen=True)

@@ -38,10 +38,10 @@ from ir.core import Block, Operator, Program, Variable, copy_op
 from ir.names import TRAINER_ID_VAR, block_name, dc_asgd_backup_name, dc_asgd_local_name, dc_asgd_temp_name
 from ir.ops.registry import BlockRef
 from ir.program_set import ProgramRole, ProgramSet
-from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
+from ir.roles import OP_ROLE_ATTR, OpRole
 
-from passes.collect_params import ACCUMULATOR_SLOTS, is_optimizer_op, lr_ops, optimize_ops
 from passes.dist_plan import DistPlan, ParamPlan
+from passes.optimizer_ops import ACCUMULATOR_SLOTS, is_optimizer_op, lr_ops, optimize_ops
 from passes.pass_base import Pass, PassContext, PassError
 
 

@@ -14,7 +14,7 @@ from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.pass_base import Pass, PassContext
-from passes.trainer_send_recv import control_var, param_block_vars, rpc_attrs
+from passes.rpc_builders import control_var, param_block_vars, rpc_attrs
 
 
 @dataclass(frozen=True)
