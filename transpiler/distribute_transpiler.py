@@ -193,8 +193,8 @@ class DistributeTranspiler:
         """A copy of every role's programs (trainer first, then the pservers in order)."""
         src = self._done()
         out = ProgramSet()
-        for role, progs in src.items():
-            out.add(role, progs.main.clone(), progs.startup.clone())
+        for _, progs in src.items():
+            out.add(progs.role, progs.main.clone(), progs.startup.clone())
         return out
 
     def _role(self, endpoint: str) -> ProgramRole:
