@@ -345,7 +345,7 @@ def _transpile(args: argparse.Namespace, trainer_ids: Sequence[int]) -> _Transpi
     """Transpile ``args.main`` once per trainer id; the set holds each trainer's role, then every
     pserver's (from the first transpile: pserver programs do not depend on the trainer id)."""
     # Imported here so that `flotilla dump` and friends load neither passes nor the façade.
-    from ir.program_set import ProgramSet
+    from ir.program_set import ProgramRole, ProgramSet
     from transpiler import DistributeTranspiler, DistributeTranspilerConfig, HashName, RoundRobin
 
     main = load_any_program(args.main)
@@ -358,7 +358,7 @@ def _transpile(args: argparse.Namespace, trainer_ids: Sequence[int]) -> _Transpi
                                         local_sgd_steps=args.local_sgd_steps, geo_sgd_mode=args.geo_sgd is not None,
                                         geo_sgd_need_push_nums=100 if args.geo_sgd is None else args.geo_sgd)
     programs = ProgramSet()
-    pservers: list[tuple[str, Program, Program]] = []
+    pservers: list[tuple[ProgramRole, Program, Program]] = []
     plan = None
     notes: list[str] = []
     for trainer_id in trainer_ids:
@@ -373,11 +373,11 @@ def _transpile(args: argparse.Namespace, trainer_ids: Sequence[int]) -> _Transpi
                              + (f" (and {len(e.problems) - 1} more problem(s))" if len(e.problems) > 1 else ""),
                              hint=None) from None
         done = t.program_set
-        for role, progs in done.items():
-            if role.startswith("trainer."):
-                programs.add(role, progs.main, progs.startup)
+        for _, progs in done.items():
+            if progs.role.is_trainer:
+                programs.add(progs.role, progs.main, progs.startup)
             elif plan is None:
-                pservers.append((role, progs.main, progs.startup))
+                pservers.append((progs.role, progs.main, progs.startup))
         if plan is None:
             plan = t.plan
             notes = list(t.warnings)

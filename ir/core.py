@@ -660,6 +660,25 @@ def block_refs(value: Any) -> list[int]:
     return []
 
 
+def copy_op(dst: Block, op: Operator, rename: dict[str, str], block_map: dict[int, int] | None = None) -> Operator:
+    """Append a copy of ``op`` to ``dst`` with variables renamed and block references remapped (through
+    ``block_map``, source block index → ``dst``'s program's), for building one program from another's ops."""
+    def mapped(names: list[str]) -> list[str]:
+        return [rename.get(n, n) for n in names]
+
+    attrs = {}
+    for k, v in op.attrs.items():
+        if isinstance(v, BlockRef):
+            v = BlockRef((block_map or {})[v.idx])
+        elif isinstance(v, list) and v and isinstance(v[0], BlockRef):
+            v = [BlockRef((block_map or {})[b.idx]) for b in v]
+        elif k == OP_ROLE_VAR_ATTR:
+            v = mapped(list(v))
+        attrs[k] = v
+    return dst.append_op(op.type, {s: mapped(list(n)) for s, n in op.inputs.items()},
+                         {s: mapped(list(n)) for s, n in op.outputs.items()}, attrs)
+
+
 def iter_ops(program: Program) -> Iterable[tuple[Block, int, Operator]]:
     for block in program.blocks:
         for i, op in enumerate(block.ops):

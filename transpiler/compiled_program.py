@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ir.core import Program
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 
 from passes.collective_plan import CollectivePlan
 from passes.grad_allreduce import GradAllReduce
 from passes.pass_base import PassContext, PassManager
 from passes.dist_plan import DistPlan
-from passes.trainer_send_recv import trainer_role
 from transpiler.config import TranspilerError
 
 _COLLECTIVE_OPS = ("c_allreduce_sum", "c_local_sgd")
@@ -64,11 +63,11 @@ def data_parallel_program(program: Program, nranks: int, fuse_grad_size_mb: floa
     plan = CollectivePlan(trainer_id=0, endpoints=tuple(f"device:{i}" for i in range(nranks)),
                           fuse_grad_size_mb=fuse_grad_size_mb)
     programs = ProgramSet()
-    programs.add(trainer_role(0), program.clone(), Program())
+    programs.add(ProgramRole.trainer(0), program.clone(), Program())
     ctx = PassContext(origin_main=program, origin_startup=Program(),
                       plan=DistPlan(trainer_id=0, trainers=nranks, sync_mode=True, pservers=()), collective=plan)
     PassManager([GradAllReduce()]).run(programs, ctx)
-    return programs[trainer_role(0)].main
+    return programs[ProgramRole.trainer(0)].main
 
 
 class CompiledProgram:

@@ -31,7 +31,7 @@ import sys
 from typing import Any
 
 from ir.core import Program, default_main_program, default_startup_program
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 from ir.verify import verify_program_set
 
 from passes import collective_pipeline, default_pipeline
@@ -39,8 +39,6 @@ from passes.collective_plan import CollectivePlan
 from passes.dist_plan import DistPlan
 from passes.geo_sgd_startup import GeoSgdStartup
 from passes.pass_base import Instrument, PassContext, PassManager, PrintIRAfter, Timing
-from passes.pserver_program import pserver_role
-from passes.trainer_send_recv import trainer_role
 from passes.trainer_startup import TrainerStartup
 from transpiler.config import (
     DistributeTranspilerConfig,
@@ -105,7 +103,7 @@ class DistributeTranspiler:
         else:
             self._transpile_pserver(trainer_id, program, startup_program, pservers, trainers, sync_mode,
                                     current_endpoint)
-        role = self._done()[trainer_role(self.plan.trainer_id)]
+        role = self._done()[ProgramRole.trainer(self.plan.trainer_id)]
         getters = ("get_trainer_program()", "get_trainer_startup_program()")
         for (target, in_place), source, result, getter in zip(targets, sources, (role.main, role.startup), getters):
             if in_place:
@@ -133,7 +131,7 @@ class DistributeTranspiler:
         ctx = PassContext(origin_main=origin_main, origin_startup=origin_startup, plan=plan,
                           dispatcher=self.config.split_method(list(eps)))
         programs = ProgramSet()
-        programs.add(trainer_role(trainer_id), origin_main.clone(), origin_startup.clone())
+        programs.add(ProgramRole.trainer(trainer_id), origin_main.clone(), origin_startup.clone())
         pipeline = default_pipeline()
         if plan.geo_sgd:
             at = next(i for i, p in enumerate(pipeline) if isinstance(p, TrainerStartup)) + 1
@@ -161,7 +159,7 @@ class DistributeTranspiler:
         plan = DistPlan(trainer_id=trainer_id, trainers=len(eps), sync_mode=True, pservers=())
         ctx = PassContext(origin_main=origin_main, origin_startup=origin_startup, plan=plan, collective=coll)
         programs = ProgramSet()
-        programs.add(trainer_role(trainer_id), origin_main.clone(), origin_startup.clone())
+        programs.add(ProgramRole.trainer(trainer_id), origin_main.clone(), origin_startup.clone())
         self._run_pipeline(collective_pipeline(coll.kind), programs, ctx)
 
     def _run_pipeline(self, pipeline: list[Any], programs: ProgramSet, ctx: PassContext) -> None:
@@ -195,11 +193,11 @@ class DistributeTranspiler:
         """A copy of every role's programs (trainer first, then the pservers in order)."""
         src = self._done()
         out = ProgramSet()
-        for role, progs in src.items():
-            out.add(role, progs.main.clone(), progs.startup.clone())
+        for _, progs in src.items():
+            out.add(progs.role, progs.main.clone(), progs.startup.clone())
         return out
 
-    def _role(self, endpoint: str) -> str:
+    def _role(self, endpoint: str) -> ProgramRole:
         if self.config.is_collective:
             raise TranspilerError(f"mode {self.config.mode!r} has no parameter servers, so there is no pserver "
                                   f"program for {endpoint!r}",
@@ -208,7 +206,7 @@ class DistributeTranspiler:
         if not isinstance(endpoint, str) or endpoint not in self.plan.pservers:
             raise TranspilerError(f"endpoint {endpoint!r} is not one of the pservers {list(self.plan.pservers)}",
                                   hint="pass one of the endpoints given to transpile(pservers=...)", code="E706")
-        return pserver_role(endpoint)
+        return ProgramRole.pserver(endpoint)
 
     def get_trainer_program(self, wait_port: bool = True) -> Program:
         """The trainer's main program.
@@ -217,10 +215,10 @@ class DistributeTranspiler:
         network: the runtime waits (bounded, naming the missing endpoints) for the pservers before its
         first RPC, so a program can be transpiled and inspected on a machine with no cluster.
         """
-        return self._done()[trainer_role(self.plan.trainer_id)].main.clone()
+        return self._done()[ProgramRole.trainer(self.plan.trainer_id)].main.clone()
 
     def get_trainer_startup_program(self) -> Program:
-        return self._done()[trainer_role(self.plan.trainer_id)].startup.clone()
+        return self._done()[ProgramRole.trainer(self.plan.trainer_id)].startup.clone()
 
     def get_pserver_program(self, endpoint: str) -> Program:
         return self._done()[self._role(endpoint)].main.clone()

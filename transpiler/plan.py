@@ -32,7 +32,7 @@ def plan_rows(plan: Any, programs: Any) -> list[PlanRow]:
     table as one shard per pserver), sized with the dtypes the trainer program declares."""
     from ir.verify import ITEMSIZE
 
-    trainer = next(progs.main for role, progs in programs.items() if role.startswith("trainer."))
+    trainer = programs.trainers()[0].main
     gblock = trainer.global_block()
 
     def itemsize(name: str) -> int:
