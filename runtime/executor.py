@@ -30,7 +30,7 @@ import numpy as np
 
 from ir.core import Block, Operator, Program, Variable, default_main_program
 from ir.names import EMPTY_VAR_NAME
-from ir.ops.registry import find_op_def, suggest
+from ir.ops.registry import find_op_def, op_has_trait, suggest
 from runtime.kernels.collective import collective_axis
 from runtime.kernels.registry import (RNG_SLOT, get_host_kernel, get_kernel, has_kernel, is_host_op,
                                       shape_only_slots)
@@ -300,7 +300,7 @@ class Executor:
             needed_later |= set(run.reads)
         steps.reverse()
         nranks = [int(op.attr("nranks", 0)) for op in block.ops
-                  if op.type in _COLLECTIVE_OPS]
+                  if op_has_trait(op.type, "collective") and not op_has_trait(op.type, "host")]
         return _Plan(steps, program.random_seed, frozenset(persistable), fetch=list(fetch),
                      collective_nranks=(max(nranks) if nranks else None))
 
@@ -463,9 +463,6 @@ def _trace_run(run: _PureRun, block: Block, axis: str | None) -> Any:
         return tuple(env[n] for n in run.outputs)
 
     return fn
-
-
-_COLLECTIVE_OPS = ("c_allreduce_sum", "c_broadcast", "c_local_sgd")
 
 
 def _deletes_before(block: Block) -> list[int]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ir.core import Program
+from ir.ops import op_has_trait
 from ir.program_set import ProgramSet
 
 from passes.collective_plan import CollectivePlan
@@ -27,8 +28,6 @@ from passes.pass_base import PassContext, PassManager
 from passes.dist_plan import DistPlan
 from passes.trainer_send_recv import trainer_role
 from transpiler.config import TranspilerError
-
-_COLLECTIVE_OPS = ("c_allreduce_sum", "c_local_sgd")
 
 
 @dataclass
@@ -56,7 +55,7 @@ class ExecutionStrategy:
 
 def is_collective_program(program: Program) -> bool:
     """Whether ``program`` already reduces its gradients (transpiled in nccl2/collective mode)."""
-    return any(op.type in _COLLECTIVE_OPS for b in program.blocks for op in b.ops)
+    return any(op_has_trait(op.type, "replica_reduce") for b in program.blocks for op in b.ops)
 
 
 def data_parallel_program(program: Program, nranks: int, fuse_grad_size_mb: float = 32.0) -> Program:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ir.core import Operator, Program
+from ir.dist_info import distributed_role
 from runtime.flags import flag
 from runtime.kernels.registry import host_kernel, kernel, one
 from runtime.rows import gather_rows, set_rows
@@ -32,14 +33,13 @@ from runtime.scope import ExecutionError, SelectedRows
 def _client(ctx: Any, op: Operator) -> Any:
     """The executor's client for the op's trainer, announced to every pserver ``ctx.program`` talks to
     (all at once, so a restarted trainer joins every pserver at the same step)."""
-    from runtime.io import distributed_role
     from runtime.rpc.client import client_for
 
     client = client_for(ctx.executor, int(op.attr("trainer_id")))
     key = (id(ctx.program), ctx.program.version)
     if key not in client.announced_programs:
         dist = distributed_role(ctx.program)
-        client.announce(dist[2] if dist is not None and dist[0] == "trainer" else [])
+        client.announce(dist.endpoints if dist is not None and dist.kind == "trainer" else [])
         client.announced_programs.add(key)
     return client
 
