@@ -37,6 +37,7 @@ from runtime.kernels.registry import (RNG_SLOT, get_host_kernel, get_kernel, has
 from runtime.place import CPUPlace, CUDAPlace
 from runtime.collective import local_value
 from runtime.lod import expand_lod_feeds
+from runtime.rpc.session import RPCSession
 from runtime.scope import (ExecutionError, FeedError, FetchError, Scope, SelectedRows, ShapeDtypeError,
                            UninitializedVariableError, UntranspiledProgramError, global_scope)
 
@@ -120,7 +121,7 @@ class Executor:
         self._device: Any = None  # resolved on first use: a collective group must form before JAX starts
         self._plans: "weakref.WeakKeyDictionary[Program, dict[Any, _Plan]]" = weakref.WeakKeyDictionary()
         self._closed = False
-        self._close_hooks: list[Any] = []
+        self.rpc_session = RPCSession()  # this executor's pserver clients, closed with it
         _LIVE.add(self)
 
     @property
@@ -197,17 +198,12 @@ class Executor:
         plan.runs += 1
 
     def close(self) -> None:
-        """Release the executor; hooks registered by distributed kernels (e.g. telling pservers this
-        trainer is done) run here."""
+        """Release the executor; its RPC session tells every pserver it talked to that this trainer is
+        done."""
         if self._closed:
             return
         self._closed = True
-        for hook in self._close_hooks:
-            hook()
-        self._close_hooks.clear()
-
-    def add_close_hook(self, hook: Any) -> None:
-        self._close_hooks.append(hook)
+        self.rpc_session.close()
 
     # --- feeding
     def _check_feed(self, block: Block, name: str, value: Any) -> Any:

@@ -431,11 +431,10 @@ def save_persistables(executor: Any, dirname: str, main_program: Program | None 
                              filename=filename, scope=scope)
     else:
         from runtime.flags import checkpoint_root
-        from runtime.rpc.client import client_for
 
         root = checkpoint_root()
         name = checkpoint_name(dirname, root)
-        client_for(_executor(executor), dist.id).checkpoint(dist.endpoints, name)
+        _executor(executor).rpc_session.client(dist.id).checkpoint(dist.endpoints, name)
         present = scope if scope is not None else _global_scope()
         local = [v for v in _trainer_local_vars(program) if present.find_var(v.name) is not None]
         base = os.path.join(root, name) if root else dirname
