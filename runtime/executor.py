@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from ir.core import Block, Operator, Program, Variable, default_main_program
+from ir.data_parallel import DataParallelSource
 from ir.names import EMPTY_VAR_NAME
 from ir.ops.registry import find_op_def, op_has_trait, suggest
 from runtime.kernels.collective import collective_axis
@@ -139,8 +140,8 @@ class Executor:
             raise ExecutionError("this Executor is closed", hint="create a new runtime.Executor")
         program = program if program is not None else default_main_program()
         dp = None
-        if hasattr(program, "_flotilla_data_parallel"):  # a CompiledProgram (transpiler/ builds them)
-            program, kind, program_for = program._flotilla_data_parallel()
+        if isinstance(program, DataParallelSource):  # a CompiledProgram (transpiler/ builds them)
+            program, kind, program_for = program.data_parallel_run()
             if kind is not None:
                 from runtime import collective
 
@@ -148,7 +149,7 @@ class Executor:
                 program = program_for(dp.nranks)
         if not isinstance(program, Program):
             raise ExecutionError(f"Executor.run needs an ir.Program, got {type(program).__name__}")
-        run_instead = getattr(program, "_flotilla_run_instead", None)  # set by DistributeTranspiler.transpile
+        run_instead = program.superseded_by
         if run_instead is not None and _is_distributed_trainer():
             raise UntranspiledProgramError(f"this distributed trainer was asked to run the program handed to "
                                            f"DistributeTranspiler.transpile; run {run_instead} instead",

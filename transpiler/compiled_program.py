@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ir.core import Program
+from ir.data_parallel import DataParallelRun, DataParallelSource
 from ir.ops import op_has_trait
 from ir.program_set import ProgramSet
 
@@ -70,7 +71,7 @@ def data_parallel_program(program: Program, nranks: int, fuse_grad_size_mb: floa
     return programs[trainer_role(0)].main
 
 
-class CompiledProgram:
+class CompiledProgram(DataParallelSource):
     """``CompiledProgram(program)``; ``.with_data_parallel(...)`` makes Executor runs data parallel."""
 
     def __init__(self, program_or_graph: Program, build_strategy: BuildStrategy | None = None) -> None:
@@ -117,14 +118,15 @@ class CompiledProgram:
             self._rewritten = {key: cached}  # older versions of the program are dead
         return cached
 
-    def _flotilla_data_parallel(self) -> tuple[Program, Any, Any]:
+    def data_parallel_run(self) -> DataParallelRun:
         """For ``runtime.Executor``: the program itself and, when data parallel, the mesh it wants
         (``"process"``: one device a trainer process, for an nccl2-transpiled program; ``"devices"``: every
         device) and a callable giving the program to run on a mesh of N ranks. The runtime resolves the mesh:
         this module never imports it."""
         if not self._data_parallel:
-            return self._program, None, None
-        return self._program, ("process" if is_collective_program(self._program) else "devices"), self.program_for
+            return DataParallelRun(self._program, None, None)
+        return DataParallelRun(self._program, "process" if is_collective_program(self._program) else "devices",
+                               self.program_for)
 
 
 __all__ = ["BuildStrategy", "CompiledProgram", "ExecutionStrategy", "data_parallel_program", "is_collective_program"]
