@@ -119,10 +119,8 @@ class CompiledProgram(DataParallelSource):
         return cached
 
     def data_parallel_run(self) -> DataParallelRun:
-        """For ``runtime.Executor``: the program itself and, when data parallel, the mesh it wants
-        (``"process"``: one device a trainer process, for an nccl2-transpiled program; ``"devices"``: every
-        device) and a callable giving the program to run on a mesh of N ranks. The runtime resolves the mesh:
-        this module never imports it."""
+        """For ``runtime.Executor``, which resolves the mesh (this module never imports the runtime): an
+        nccl2-transpiled program wants one device a trainer process, any other every local device."""
         if not self._data_parallel:
             return DataParallelRun(self._program, None, None)
         return DataParallelRun(self._program, "process" if is_collective_program(self._program) else "devices",

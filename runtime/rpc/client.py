@@ -39,7 +39,6 @@ import collections
 import secrets
 import threading
 import time
-import weakref
 from concurrent import futures
 from typing import Any, Callable, Iterable, Sequence
 
