@@ -8,6 +8,10 @@ fails at import.
 
 Gradient ops produced by ``DefaultGrad`` (``<type>_grad``) are registered automatically from the
 forward definition, so each op is still declared once.
+
+Traits (``TRAITS``, each explained there) are how the rest of the code finds a family of ops
+(``op_has_trait``): a pass or the runtime never keeps its own list of op types, so a new op joins every
+such place by declaring its traits. An op with ``trainer_rpc`` must declare ``trainer_id``.
 """
 from __future__ import annotations
 
