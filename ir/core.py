@@ -523,11 +523,18 @@ def _info(var: Variable) -> VarInfo:
 
 
 class Program:
-    """A list of Blocks; block 0 is the global block. ``version`` increases on every mutation."""
+    """A list of Blocks; block 0 is the global block. ``version`` increases on every mutation.
+
+    ``superseded_by`` (None by default, never copied by ``clone``): set by ``DistributeTranspiler.transpile``
+    on a program handed to it that it did not rewrite in place, naming the result to run instead
+    (``"the result of DistributeTranspiler.get_trainer_program()"``). A distributed trainer that ran this
+    program would train alone, unseen by the job, so ``runtime.Executor`` refuses it there and says what
+    to run; a later in-place transpile of the same program clears it."""
 
     def __init__(self) -> None:
         self.blocks: list[Block] = [Block(self, 0, -1)]
         self.random_seed: int = 0
+        self.superseded_by: str | None = None
         self._version = 0
         self._current_block_idx = 0
 

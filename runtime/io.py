@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ir.core import Program, Variable, default_main_program
+from ir.dist_info import DistRole, distributed_role
 from ir.ops.registry import DTYPES
 from runtime.scope import ExecutionError, Scope, SelectedRows
 
@@ -425,16 +426,15 @@ def save_persistables(executor: Any, dirname: str, main_program: Program | None 
     dist = distributed_role(program)
     if dist is None:
         save_vars(executor, dirname, program, predicate=is_persistable, filename=filename, scope=scope)
-    elif dist[0] == "pserver":
+    elif dist.kind == "pserver":
         save_checkpoint_part(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
                              filename=filename, scope=scope)
     else:
         from runtime.flags import checkpoint_root
-        from runtime.rpc.client import client_for
 
         root = checkpoint_root()
         name = checkpoint_name(dirname, root)
-        client_for(_executor(executor), dist[1]).checkpoint(dist[2], name)
+        _executor(executor).rpc_session.client(dist.id).checkpoint(dist.endpoints, name)
         present = scope if scope is not None else _global_scope()
         local = [v for v in _trainer_local_vars(program) if present.find_var(v.name) is not None]
         base = os.path.join(root, name) if root else dirname
@@ -449,7 +449,7 @@ def load_persistables(executor: Any, dirname: str, main_program: Program | None 
     dist = distributed_role(program)
     if dist is None:
         load_vars(executor, dirname, program, predicate=is_persistable, filename=filename, scope=scope)
-    elif dist[0] == "pserver":
+    elif dist.kind == "pserver":
         load_checkpoint_part(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
                              filename=filename, scope=scope)
     else:
@@ -572,21 +572,6 @@ def load_checkpoint_part(executor: Any, path: str, main_program: Program, vars: 
     load_vars(executor, path, main_program, vars=vars, filename=filename, scope=scope)
 
 
-def distributed_role(program: Program) -> tuple[str, int, list[str]] | None:
-    """``("pserver", pserver_id, [endpoint])`` for a pserver program, ``("trainer", trainer_id, endpoints)``
-    for a transpiled trainer program (the pservers its rpc ops name), None for a local program."""
-    endpoints: dict[str, None] = {}
-    trainer_id = None
-    for op in program.global_block().ops:
-        if op.type == "listen_and_serv":
-            return "pserver", max(0, int(op.attr("pserver_id"))), [op.attr("endpoint")]
-        if op.type in ("send", "recv", "prefetch", "send_barrier", "fetch_barrier", "geo_sync", "geo_table_init"):
-            trainer_id = int(op.attr("trainer_id"))
-            for ep in op.attr("endpoints" if op.type.endswith("barrier") else "epmap"):
-                endpoints[ep] = None
-    return None if trainer_id is None else ("trainer", trainer_id, sorted(endpoints))
-
-
 def pserver_checkpoint_vars(program: Program) -> list[Variable]:
     """The state of a pserver program: its persistable variables except received and merged gradients
     and per-trainer copies (DC-ASGD backups are refreshed by the trainers' first fetch)."""
@@ -607,8 +592,8 @@ def _trainer_local_vars(program: Program) -> list[Variable]:
             and not (v.copy_of and block.has_var(v.copy_of) and block.var(v.copy_of).is_parameter)]
 
 
-def _part_dir(dirname: str, dist: tuple[str, int, list[str]]) -> str:
-    return os.path.join(dirname, f"{dist[0]}_{dist[1]}")
+def _part_dir(dirname: str, dist: DistRole) -> str:
+    return os.path.join(dirname, f"{dist.kind}_{dist.id}")
 
 
 def _global_scope() -> Scope:

@@ -16,10 +16,10 @@ not given, the default program it stands for is rewritten **in place** into the 
 same object then holds the trainer main / startup program), so ``exe.run(default_startup_program())``
 and ``exe.run(default_main_program())`` run the right thing on a trainer; ``in_place = True`` (what
 ``flotilla.fluid.DistributeTranspiler`` sets) applies that rule to programs passed explicitly too.
-A program given explicitly to the native API is untouched but marked (``_flotilla_run_instead``), and
+A program given explicitly to the native API is untouched but marked (``Program.superseded_by``), and
 ``runtime.Executor`` refuses to run a marked program in a distributed trainer process, naming the
 ``get_*`` method whose result to run instead. Transpiling an in-place-rewritten program again starts from
-its stored origin (while it is unchanged since), so a second call gives the same programs. (E716: a
+its origin (``_IN_PLACE_ORIGINS``, while it is unchanged since), so a second call gives the same programs. (E716: a
 result with fewer blocks than the program to rewrite, which the passes never produce.)
 ``FLOTILLA_PRINT_IR_AFTER`` (``all`` or pass names) is read once, when the transpiler is created.
 """
@@ -28,7 +28,8 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from typing import Any
+import weakref
+from typing import Any, NamedTuple
 
 from ir.core import Program, default_main_program, default_startup_program
 from ir.program_set import ProgramRole, ProgramSet
@@ -109,7 +110,7 @@ class DistributeTranspiler:
             if in_place:
                 _rewrite_in_place(target, result, source.clone() if source is target else source)
             else:
-                target._flotilla_run_instead = f"the result of DistributeTranspiler.{getter}"
+                target.superseded_by = f"the result of DistributeTranspiler.{getter}"
 
     def _transpile_pserver(self, trainer_id: int, program: Program, startup_program: Program, pservers: Any,
                            trainers: int, sync_mode: bool, current_endpoint: str | None) -> None:
@@ -234,12 +235,24 @@ class DistributeTranspiler:
 
 
 # --- in-place transpile (Fluid 1.5's rule; see the module docstring) --------------------------------------
+class _InPlaceOrigin(NamedTuple):
+    """What a program rewritten in place was transpiled from, and its version right after the rewrite."""
+
+    origin: Program
+    version: int
+
+
+# Every program rewritten in place, weakly (a dead program's entry goes with it), over every transpiler:
+# a second transpiler given the default program must start from the same origin as the first.
+_IN_PLACE_ORIGINS: "weakref.WeakKeyDictionary[Program, _InPlaceOrigin]" = weakref.WeakKeyDictionary()
+
+
 def _origin_of(program: Program) -> Program:
     """What to transpile for a program rewritten in place: its stored origin while it is unchanged since an
     earlier in-place transpile (so transpiling twice gives the same programs), else the program itself."""
-    stored = getattr(program, "_flotilla_in_place_origin", None)
-    if stored is not None and stored[1] == program.version:
-        return stored[0]
+    stored = _IN_PLACE_ORIGINS.get(program)
+    if stored is not None and stored.version == program.version:
+        return stored.origin
     return program
 
 
@@ -267,8 +280,7 @@ def _rewrite_in_place(target: Program, result: Program, origin: Program) -> None
                                {k: list(v) for k, v in op.outputs.items()},
                                {k: list(v) if isinstance(v, list) else v for k, v in op.attrs.items()})
     target.random_seed = result.random_seed
-    target._flotilla_in_place_origin = (origin, target.version)
-    if hasattr(target, "_flotilla_run_instead"):
-        del target._flotilla_run_instead
+    _IN_PLACE_ORIGINS[target] = _InPlaceOrigin(origin, target.version)
+    target.superseded_by = None
 
 

@@ -131,9 +131,7 @@ def main() -> int:
     save(args.out / f"trainer_{role.trainer_id}_init.npz", scope, names)
     first = args.first_step
     if args.resume:
-        from runtime.rpc.client import client_for
-
-        first = client_for(exe, role.trainer_id).step
+        first = exe.rpc_session.client(role.trainer_id).step
         print(f"trainer {role.trainer_id} resumes at step {first}", flush=True)
     loss = [op.output("Out")[0] for op in prog.global_block().ops if op.type == "mean"][:1] if args.geo else []
     losses = []
