@@ -359,12 +359,15 @@ def _executor(executor: Any) -> Any:
     return executor
 
 
-def save_vars(executor: Any, dirname: str, main_program: Program | None = None, vars: Iterable[Any] | None = None,
-              predicate: Callable[[Variable], bool] | None = None, filename: str | None = None, *,
-              scope: Scope | None = None) -> None:
-    """Save ``vars`` (Variables or names), or the variables of ``main_program`` that ``predicate`` accepts
-    (all when None), from ``scope`` (default ``runtime.global_scope()``) into ``dirname``: one file each,
-    or one archive ``filename``. Runs ``save`` / ``save_combine`` ops on ``executor``."""
+#: ``append_op``'s keyword -> the slot the save/load ops name their variables in.
+_IO_SLOT_NAMES = {"inputs": "X", "outputs": "Out"}
+
+
+def _run_io_ops(executor: Any, dirname: str, main_program: Program | None, vars: Iterable[Any] | None,
+                predicate: Callable[[Variable], bool] | None, filename: str | None, scope: Scope | None,
+                op: str, slot: str) -> None:
+    """Run one ``op`` per selected variable (or one ``op + "_combine"`` for them all, into ``filename``),
+    each naming its variables in ``slot``: what ``save_vars`` and ``load_vars`` share."""
     program = main_program if main_program is not None else default_main_program()
     variables = _select(program, vars, predicate)
     if not variables:
@@ -373,12 +376,21 @@ def save_vars(executor: Any, dirname: str, main_program: Program | None = None, 
     block = prog.global_block()
     if filename is None:
         for v in variables:
-            block.append_op("save", inputs={"X": [v.name]},
+            block.append_op(op, **{slot: {_IO_SLOT_NAMES[slot]: [v.name]}},
                             attrs={"file_path": os.path.join(dirname, var_filename(v.name))}, infer_shape=False)
     else:
-        block.append_op("save_combine", inputs={"X": [v.name for v in variables]},
+        block.append_op(f"{op}_combine", **{slot: {_IO_SLOT_NAMES[slot]: [v.name for v in variables]}},
                         attrs={"file_path": os.path.join(dirname, filename)}, infer_shape=False)
     _executor(executor).run(prog, scope=scope)
+
+
+def save_vars(executor: Any, dirname: str, main_program: Program | None = None, vars: Iterable[Any] | None = None,
+              predicate: Callable[[Variable], bool] | None = None, filename: str | None = None, *,
+              scope: Scope | None = None) -> None:
+    """Save ``vars`` (Variables or names), or the variables of ``main_program`` that ``predicate`` accepts
+    (all when None), from ``scope`` (default ``runtime.global_scope()``) into ``dirname``: one file each,
+    or one archive ``filename``. Runs ``save`` / ``save_combine`` ops on ``executor``."""
+    _run_io_ops(executor, dirname, main_program, vars, predicate, filename, scope, "save", "inputs")
 
 
 def load_vars(executor: Any, dirname: str, main_program: Program | None = None, vars: Iterable[Any] | None = None,
@@ -386,20 +398,7 @@ def load_vars(executor: Any, dirname: str, main_program: Program | None = None, 
               scope: Scope | None = None) -> None:
     """Load what ``save_vars`` with the same arguments saved into ``scope`` (default
     ``runtime.global_scope()``), checking each value against its declaration in ``main_program``."""
-    program = main_program if main_program is not None else default_main_program()
-    variables = _select(program, vars, predicate)
-    if not variables:
-        return
-    prog = _io_program(variables)
-    block = prog.global_block()
-    if filename is None:
-        for v in variables:
-            block.append_op("load", outputs={"Out": [v.name]},
-                            attrs={"file_path": os.path.join(dirname, var_filename(v.name))}, infer_shape=False)
-    else:
-        block.append_op("load_combine", outputs={"Out": [v.name for v in variables]},
-                        attrs={"file_path": os.path.join(dirname, filename)}, infer_shape=False)
-    _executor(executor).run(prog, scope=scope)
+    _run_io_ops(executor, dirname, main_program, vars, predicate, filename, scope, "load", "outputs")
 
 
 def save_params(executor: Any, dirname: str, main_program: Program | None = None, filename: str | None = None,
