@@ -36,18 +36,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from runtime.launch import free_ports  # noqa: E402
+
 MIB = 1 << 20
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 # --- worker side -------------------------------------------------------------------------------------------
@@ -194,7 +185,8 @@ def worker_fusion(rank: int, endpoints: list[str], fuse_mb: float, steps: int) -
     import numpy as np
 
     import runtime
-    from ir import Program, layers, optimizer, program_guard
+    from ir import Program, program_guard
+    from flotilla.fluid import layers, optimizer
     from ir.names import unique_name
     from transpiler import DistributeTranspiler, DistributeTranspilerConfig
 

@@ -69,12 +69,12 @@ def build(model: str, layers: int, width: int, recompute: bool = False) -> tuple
         built = tmodel.build_model(tdata.VOCAB_SIZE, tdata.SEQ_LEN, d_model=width, num_heads=4, num_layers=layers,
                                    d_ff=4 * width, dropout=0.0)
         return built.main, built.startup, built.loss
-    from ir import layers as L
-    from ir import optimizer
+    from flotilla.fluid import layers as L
+    from flotilla.fluid import optimizer
     from ir.core import Program, program_guard
-    from ir.initializer import Uniform
+    from flotilla.fluid.initializer import Uniform
     from ir.names import unique_name
-    from ir.param_attr import ParamAttr
+    from flotilla.fluid.param_attr import ParamAttr
 
     main, startup = Program(), Program()
     scale = (6.0 / (2 * width)) ** 0.5

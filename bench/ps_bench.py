@@ -62,6 +62,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from ir.errors import FlotillaError  # noqa: E402
+from runtime.launch import free_ports  # noqa: E402
 
 WORKER = pathlib.Path(__file__).resolve().with_name("ps_bench_worker.py")
 PADDLE_WORKER = WORKER.with_name("paddle_ps_worker.py")
@@ -81,12 +82,6 @@ class BenchError(FlotillaError):
     """A benchmark process failed or did not finish in time."""
 
     code = "E791"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- processes ------------------------------------------------------------------------------------------
@@ -204,7 +199,7 @@ def bench_transport(procs: Procs, sizes_mib: list[int], reps: int) -> tuple[dict
     port_file = procs.tmp / "tcp_port.json"
     sink = procs.start("tcp-sink", "tcp-sink", "--out", str(port_file), "--buffer-mib", str(max(sizes_mib)),
                        "--timeout", "120")
-    endpoint = f"127.0.0.1:{free_port()}"
+    endpoint = f"127.0.0.1:{free_ports(1)[0]}"
     names = transport_names(sizes_mib)
     procs.start("transport-pserver", "transport-pserver", "--endpoint", endpoint,
                 "--sizes-mib", ",".join(map(str, sizes_mib)))
@@ -277,7 +272,7 @@ def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathli
             outs.append(jobdir / "local.json")
             procs.start("local", "local", "--out", str(outs[0]), *common)
         else:
-            eps = [f"127.0.0.1:{free_port()}" for _ in range(job.pservers)]
+            eps = [f"127.0.0.1:{free_ports(1)[0]}" for _ in range(job.pservers)]
             mode = "async" if job.mode.startswith("geo") else job.mode
             dist = ["--endpoints", ",".join(eps), "--trainers", str(job.trainers), "--mode", mode]
             if job.mode.startswith("geo"):

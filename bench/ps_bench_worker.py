@@ -45,10 +45,11 @@ if __package__ in (None, ""):
 import ir  # noqa: E402
 from bench.ctr_data import (EMB_DIM, HIDDEN, LEARNING_RATE, NUM_DENSE, NUM_SLOTS, TABLE, Gate,  # noqa: E402
                              make_batches)
-from ir import layers, optimizer  # noqa: E402
+from flotilla.fluid import layers, optimizer  # noqa: E402
+from flotilla.fluid.param_attr import ParamAttr  # noqa: E402
 from ir.core import Program  # noqa: E402
 from ir.errors import FlotillaError  # noqa: E402
-from ir.initializer import Uniform  # noqa: E402
+from flotilla.fluid.initializer import Uniform  # noqa: E402
 from ir.names import unique_name  # noqa: E402
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig  # noqa: E402
 
@@ -82,7 +83,7 @@ def build_ctr(table_rows: int, is_distributed: bool) -> CTRJob:
         sparse = layers.data("sparse_input", [NUM_SLOTS], dtype="int64")
         label = layers.data("label", [1], dtype="int64")
         emb = layers.embedding(sparse, size=[table_rows, EMB_DIM], is_sparse=True, is_distributed=is_distributed,
-                               param_attr=ir.ParamAttr(name=TABLE, initializer=Uniform(-0.05, 0.05)))
+                               param_attr=ParamAttr(name=TABLE, initializer=Uniform(-0.05, 0.05)))
         h = layers.concat([layers.reshape(emb, [-1, NUM_SLOTS * EMB_DIM]), dense], axis=1)
         for width in HIDDEN:
             h = layers.fc(h, width, act="relu")

@@ -4,7 +4,7 @@ model, and against op-by-op eager execution of the same program, measured in the
 Models: the MLP example (``examples/mlp``: 32 → 128 → 64 → 10, softmax cross entropy) and the CTR
 example (``examples/ctr``: wide and deep, 26 slots into one [hash_dim, 16] sparse table, fc 400-400-400,
 AUC statistics), both trained with SGD at batch 512 on CPU; and ``captured_mlp``, the plain-JAX MLP of
-``examples/jax_capture`` captured as a Program by ``runtime.capture`` (its jax.jit step is the same
+``examples/jax_capture`` captured as a Program by ``flotilla.jax`` (its jax.jit step is the same
 ``loss_fn`` under ``jax.value_and_grad``; the issue's target for it is executor / jax.jit <= 1.1).
 
 The three ways run one model from the same initial parameters (the startup program's values, copied)
@@ -210,10 +210,10 @@ def ctr_case(hash_dim: int = 100_003, lr: float = 0.05) -> Case:
 # --- timing ---------------------------------------------------------------------------------------------
 def captured_mlp_case(lr: float = 0.1) -> Case:
     """The plain-JAX MLP of ``examples/jax_capture`` (32 → 128 relu → 10, squared error) captured by
-    ``runtime.capture`` (SGD), against the same ``loss_fn`` under ``jax.value_and_grad`` + SGD, jitted."""
+    ``flotilla.jax`` (SGD), against the same ``loss_fn`` under ``jax.value_and_grad`` + SGD, jitted."""
     from examples.jax_capture import models as jc
-    from ir import optimizer
-    from runtime.capture import capture
+    from flotilla.fluid import optimizer
+    from flotilla.jax import capture
 
     params = jc.mlp_init(0, d_in=32, hidden=128, d_out=10)
     batches = jc.mlp_batches(1, NUM_BATCHES, rows=BATCH_SIZE, d_in=32, d_out=10)

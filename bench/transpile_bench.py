@@ -5,7 +5,7 @@ Each program is a bank of small fc layers reading the same input and summed into
 (``mean(sums(fc_i(x)))``), so the parameter count grows without deepening the network: layer ``i`` has a
 weight ``[16, w_i]`` and a bias ``[w_i]``; every 10th layer is wide (``w_i = 2048``, 32768 elements,
 sliced over 4 pservers at the default ``min_block_size``), the others narrow (``w_i = 4``). Built with
-``ir.layers`` and ``optimizer.SGD(...).minimize`` (backward included) outside the timing.
+``flotilla.fluid.layers`` and ``optimizer.SGD(...).minimize`` (backward included) outside the timing.
 
 The timed call is a whole ``transpile`` (sync mode, 2 trainers, RoundRobin): input validation, cloning,
 every pass, the per-pass verification and the final cross-program verification. Each size is timed
@@ -37,7 +37,7 @@ if __package__ in (None, ""):
 
 import ir  # noqa: E402
 import passes.pass_base  # noqa: E402
-from ir import layers, optimizer  # noqa: E402
+from flotilla.fluid import layers, optimizer  # noqa: E402
 from ir.core import Program  # noqa: E402
 from ir.verify import _ProgramChecker, _SetChecker  # noqa: E402
 from transpiler import DistributeTranspiler  # noqa: E402

@@ -1,5 +1,15 @@
-"""The training loop the ResNet and Transformer examples share: distribute, train ``--steps`` steps on
-this trainer's shard of the batch stream with progress lines, evaluate, close.
+"""What the ResNet and Transformer examples share: their common options, and the training loop
+(distribute, train ``--steps`` steps on this trainer's shard of the batch stream with progress lines,
+evaluate, close).
+
+Distributed, like every example (``flotilla.cluster``): the role comes from the environment that
+``flotilla launch`` sets (``--nproc_per_node 2`` for collective training, ``--server_num/--worker_num``
+for a parameter-server job); a pserver serves until every trainer has completed and returns ``{}``; each
+trainer trains ``--steps`` steps on its shard of the batch stream (batch ``i`` goes to trainer
+``i % trainers``), tags its lines ``trainer <id>: ``, evaluates, and closes its executor.
+
+``argument_parser(description)`` holds the common options and ``parse_args(ap, argv, positive)`` checks
+them (and the example's own ``positive`` ones) to be at least 1.
 
 ``train(args, model, batches, test_accuracy)`` needs ``args.steps``, ``args.log_every`` and
 ``args.batch_size`` (plus the cluster options of ``cluster.add_arguments``), a model with ``main``,
@@ -12,10 +22,35 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import runtime
-from examples import cluster
+from flotilla import cluster
+
+#: The common options that must be at least 1.
+_POSITIVE = ("steps", "batch_size", "test_size", "log_every")
+
+
+def argument_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with the options every classifier example has, and the cluster's."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--steps", type=int, default=50, help="training steps per trainer")
+    ap.add_argument("--batch-size", type=int, default=32, help="examples a step, per trainer")
+    ap.add_argument("--test-size", type=int, default=512, help="generated held-out examples")
+    ap.add_argument("--log-every", type=int, default=5, help="steps between progress lines")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the data (the programs initialise alike)")
+    cluster.add_arguments(ap)
+    return ap
+
+
+def parse_args(ap: argparse.ArgumentParser, argv: Sequence[str] | None,
+               positive: Sequence[str] = ()) -> argparse.Namespace:
+    """``argv`` read by ``ap``; the common counts and the example's ``positive`` ones must be >= 1."""
+    args = ap.parse_args(argv)
+    for name in _POSITIVE + tuple(positive):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    return args
 
 
 def train(args: argparse.Namespace, model: Any, batches: Callable[[int], Iterator[dict[str, Any]]],

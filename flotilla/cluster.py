@@ -1,6 +1,5 @@
 """One training script for every role of a distributed job (parameter servers, or collective allreduce
-among trainers): ``flotilla.cluster``, importable by a user's own project (the examples use it through
-``examples/cluster.py``, which re-exports it).
+among trainers): ``flotilla.cluster``, importable by a user's own project as by every example.
 
 A script adds the cluster options to its parser (``add_arguments``: ``--sync``/``--async``,
 ``--no-slice``), builds its single-machine programs, then hands them to ``distribute``::

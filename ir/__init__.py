@@ -20,21 +20,20 @@ from ir.core import (
 from ir.errors import FlotillaError, IRError, ParseError, RegistryError, SerializationError, VerifyError
 from ir.names import grad_name, block_name, trainer_copy_name, unique_name
 from ir.ops.registry import BlockRef
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OpRole
 from ir.parser import parse_program, parse_program_file
 from ir.serialize import load_program, save_program
 from ir.export import program_from_json, program_to_dot, program_to_json
 from ir.verify import Problem, collect_problems, verify, verify_program_set
-from ir.param_attr import ParamAttr
 from ir.backward import append_backward
 
 __all__ = [
-    "ParamAttr", "Problem", "append_backward", "collect_problems", "load_program", "parse_program",
+    "Problem", "append_backward", "collect_problems", "load_program", "parse_program",
     "parse_program_file", "program_from_json", "program_to_dot", "program_to_json", "save_program", "verify",
     "verify_program_set",
     "Block", "BlockRef", "FlotillaError", "IRError", "OpRole", "Operator", "Parameter", "ParseError", "Program",
-    "ProgramSet", "RegistryError", "SerializationError", "Variable", "VerifyError", "block_name",
+    "ProgramRole", "ProgramSet", "RegistryError", "SerializationError", "Variable", "VerifyError", "block_name",
     "default_main_program", "default_startup_program", "grad_name", "program_guard", "switch_main_program",
     "switch_startup_program", "trainer_copy_name", "unique_name",
 ]

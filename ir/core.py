@@ -539,11 +539,18 @@ def _info(shape: tuple[int, ...], dtype: str, type: str) -> VarInfo:
 
 
 class Program:
-    """A list of Blocks; block 0 is the global block. ``version`` increases on every mutation."""
+    """A list of Blocks; block 0 is the global block. ``version`` increases on every mutation.
+
+    ``superseded_by`` (None by default, never copied by ``clone``): set by ``DistributeTranspiler.transpile``
+    on a program handed to it that it did not rewrite in place, naming the result to run instead
+    (``"the result of DistributeTranspiler.get_trainer_program()"``). A distributed trainer that ran this
+    program would train alone, unseen by the job, so ``runtime.Executor`` refuses it there and says what
+    to run; a later in-place transpile of the same program clears it."""
 
     def __init__(self) -> None:
         self.blocks: list[Block] = [Block(self, 0, -1)]
         self.random_seed: int = 0
+        self.superseded_by: str | None = None
         self._version = 0
         self._current_block_idx = 0
 
@@ -674,6 +681,25 @@ def block_refs(value: Any) -> list[int]:
     if isinstance(value, list):
         return [v.idx for v in value if isinstance(v, BlockRef)]
     return []
+
+
+def copy_op(dst: Block, op: Operator, rename: dict[str, str], block_map: dict[int, int] | None = None) -> Operator:
+    """Append a copy of ``op`` to ``dst`` with variables renamed and block references remapped (through
+    ``block_map``, source block index → ``dst``'s program's), for building one program from another's ops."""
+    def mapped(names: list[str]) -> list[str]:
+        return [rename.get(n, n) for n in names]
+
+    attrs = {}
+    for k, v in op.attrs.items():
+        if isinstance(v, BlockRef):
+            v = BlockRef((block_map or {})[v.idx])
+        elif isinstance(v, list) and v and isinstance(v[0], BlockRef):
+            v = [BlockRef((block_map or {})[b.idx]) for b in v]
+        elif k == OP_ROLE_VAR_ATTR:
+            v = mapped(list(v))
+        attrs[k] = v
+    return dst.append_op(op.type, {s: mapped(list(n)) for s, n in op.inputs.items()},
+                         {s: mapped(list(n)) for s, n in op.outputs.items()}, attrs)
 
 
 def iter_ops(program: Program) -> Iterable[tuple[Block, int, Operator]]:

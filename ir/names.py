@@ -15,6 +15,14 @@ GRAD_SUFFIX = "@GRAD"
 EMPTY_VAR_NAME = "@EMPTY@"
 LR_DECAY_COUNTER = "@LR_DECAY_COUNTER@"
 
+# Well-known variables of transpiled programs (the runtime reads some of them by name).
+SEND_BARRIER_OUT = "__control_var@send_barrier"  # control-dependency output of the trainer's send_barrier
+FETCH_BARRIER_OUT = "__control_var@fetch_barrier"  # ... and of its fetch_barrier
+TRAINER_ID_VAR = "@TRAINER_ID@"  # pserver: set by the runtime to the id of the trainer whose gradient is applied
+GEO_STEP_VAR = "@GEO_SGD_STEP@"  # Geo-SGD: the trainer's step counter (persistable int64 [1])
+LOCAL_SGD_STEP_VAR = "@LOCAL_SGD_STEP@"  # local SGD: the trainer's step counter
+NCCL_ID_VAR = "NCCLID"  # collective: the communicator id c_gen_nccl_id writes
+
 
 def grad_name(name: str) -> str:
     """``fc_w`` → ``fc_w@GRAD``."""
@@ -41,6 +49,56 @@ def dc_asgd_backup_name(param: str, trainer_id: int) -> str:
     """DC-ASGD: the pserver's copy of ``param`` as trainer ``trainer_id`` last fetched it:
     ``fc_w.block0`` → ``fc_w.block0.trainer_1_bak`` (recorded as ``copy_of``/``trainer_id``)."""
     return f"{param}.trainer_{trainer_id}_bak"
+
+
+def seq_len_name(name: str) -> str:
+    """The fed variable holding the sequence lengths of the lod_level=1 data variable ``name``:
+    ``words`` → ``words@SEQ_LEN`` (int64 [N], one row count per sequence)."""
+    return name + "@SEQ_LEN"
+
+
+def send_dummy_name(grad: str) -> str:
+    """The control-dependency output of the ``send`` of gradient ``grad``."""
+    return f"__control_var@send@{grad}"
+
+
+def pserver_shard_name(name: str, pserver_index: int) -> str:
+    """The part of ``name`` (a distributed table's gradient) that goes to pserver ``pserver_index``:
+    ``table@GRAD`` → ``table@GRAD.pserver_1``."""
+    return f"{name}.pserver_{pserver_index}"
+
+
+def prefetch_in_name(pserver_index: int) -> str:
+    """The ids a trainer asks pserver ``pserver_index`` for the rows of (the distributed table's prefetch)."""
+    return f"prefetch_compress_in_tmp_{pserver_index}"
+
+
+def prefetch_out_name(pserver_index: int) -> str:
+    """The rows pserver ``pserver_index`` answers a prefetch with."""
+    return f"prefetch_compress_out_tmp_{pserver_index}"
+
+
+def geo_delta_name(name: str) -> str:
+    """Geo-SGD: the name a trainer sends the change of parameter block (or table) ``name`` since its last
+    sync under (``name@DELTA``; the relation is recorded in the ``geo_sync`` op's attrs)."""
+    return f"{name}@DELTA"
+
+
+def geo_snapshot_name(param: str) -> str:
+    """Geo-SGD: the trainer's copy of ``param`` at its last sync (``copy_of`` records the parameter)."""
+    return f"{param}@GEO_SNAPSHOT"
+
+
+def dc_asgd_local_name(param: str) -> str:
+    """DC-ASGD: the optimize block's copy of the backup of ``param`` for the trainer being applied
+    (``fc_w.block0`` → ``fc_w.block0.local_bak``)."""
+    return f"{param}.local_bak"
+
+
+def dc_asgd_temp_name(grad: str, step: int) -> str:
+    """DC-ASGD: the ``step``-th intermediate of the compensated gradient ``grad``
+    (``fc_w@GRAD.block0`` → ``fc_w@GRAD.block0.dc_asgd_0``)."""
+    return f"{grad}.dc_asgd_{step}"
 
 
 def geo_updates_name(table: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from ir.core import Block, Operator
 from ir.errors import IRError
-from ir.names import recompute_name
+from ir.names import GRAD_SUFFIX, recompute_name
 from ir.ops.registry import find_op_def
 from ir.roles import OP_ROLE_ATTR, OpRole
 
@@ -96,7 +96,7 @@ def _rewrite_segment(block: Block, seg: list[int], checkpoints: set[str], persis
                if n not in inside and n not in persistable and block.find_var_recursive(n) is not None]
     outside = list(dict.fromkeys(outside))
     # What reaches the segment's backward: the gradients the first reader consumes.
-    deps = [n for n in ops[at].input_arg_names if n.endswith("@GRAD") and n not in wanted]
+    deps = [n for n in ops[at].input_arg_names if n.endswith(GRAD_SUFFIX) and n not in wanted]
     mapping = {n: recompute_name(n) for n in recomputed + outside}
     for n in recomputed + outside:
         var = block.find_var_recursive(n)

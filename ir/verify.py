@@ -481,8 +481,6 @@ MAX_MESSAGE_BYTES = 2**31 - 1
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
             "int32": 4, "int64": 8, "bool": 1}
 
-TRAINER_PREFIX = "trainer."
-PSERVER_PREFIX = "pserver@"
 _LISTED = 8  # names shown when a message lists what a program has
 
 
@@ -561,12 +559,11 @@ class _SetChecker:
         self.pservers: dict[str, _Pserver] = {}
         self.params: dict[str, tuple[str, Program, Variable]] = {}
         self.tables: set[str] = set()
-        for role, progs in program_set.items():
-            if role.startswith(TRAINER_PREFIX):
-                self.trainers.append((role, progs.main, progs.startup))
-            elif role.startswith(PSERVER_PREFIX):
-                ep = role[len(PSERVER_PREFIX):]
-                self.pservers[ep] = _Pserver(role, ep, progs.main)
+        for progs in program_set.trainers():
+            self.trainers.append((progs.role.key, progs.main, progs.startup))
+        for progs in program_set.pservers():
+            ep = progs.role.endpoint
+            self.pservers[ep] = _Pserver(progs.role.key, ep, progs.main)
 
     def _add(self, program: Program, role: str, code: str, where: str, found: str, expected: str,
              hint: str | None, *, block: int | None = None, op: int | None = None, var: str | None = None) -> None:

@@ -16,44 +16,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ir.core import Block, Operator, Parameter, Program
+from ir.core import Block, Operator, Parameter
 from ir.names import grad_name
 from ir.program_set import ProgramSet
-from ir.roles import OpRole
 
 from passes.dist_plan import ParamPlan, TablePlan
+from passes.optimizer_ops import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_ops
 from passes.pass_base import Pass, PassContext, PassError
 
-# Inputs of each optimizer op that follow the parameter's shape (sliced with it); other inputs
-# (beta powers, the learning rate) stay whole. Fluid's _get_optimizer_input_shape.
-ACCUMULATOR_SLOTS: dict[str, tuple[str, ...]] = {
-    "sgd": (),
-    "momentum": ("Velocity",),
-    "lars_momentum": ("Velocity",),
-    "adagrad": ("Moment",),
-    "adam": ("Moment1", "Moment2"),
-    "adamax": ("Moment", "InfNorm"),
-    "rmsprop": ("Moment", "MeanSquare", "MeanGrad"),
-    "decayed_adagrad": ("Moment",),
-    "ftrl": ("SquaredAccumulator", "LinearAccumulator"),
-}
-SPARSE_TABLE_OPTIMIZERS = ("sgd", "adagrad", "adam")
-
-
-def is_optimizer_op(op: Operator) -> bool:
-    """An op that updates a parameter: it has ``Param`` and ``LearningRate`` inputs (Fluid's test)."""
-    return "Param" in op.inputs and "LearningRate" in op.inputs
-
-
-def optimize_ops(program: Program) -> list[Operator]:
-    """Ops of the global block whose role is exactly Optimize, in program order."""
-    return [op for op in program.global_block().ops if op.role == int(OpRole.OPTIMIZE)]
-
-
-def lr_ops(program: Program) -> list[Operator]:
-    """Learning-rate ops: role exactly LRSched, or LRSched|Optimize."""
-    wanted = (int(OpRole.LRSCHED), int(OpRole.LRSCHED | OpRole.OPTIMIZE))
-    return [op for op in program.global_block().ops if op.role in wanted]
+SPARSE_TABLE_OPTIMIZERS = ("sgd", "adagrad", "adam")  # the optimizers a distributed table can update sparsely
 
 
 def find_distributed_table(block: Block) -> str | None:

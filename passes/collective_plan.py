@@ -13,8 +13,6 @@ from ir.roles import OpRole
 
 GRAD_ALLREDUCE = "grad_allreduce"
 LOCAL_SGD = "local_sgd"
-NCCL_ID_VAR = "NCCLID"
-LOCAL_SGD_STEP_VAR = "@LOCAL_SGD_STEP@"
 
 
 @dataclass(frozen=True)
@@ -58,4 +56,4 @@ def trained_pairs(program: Program) -> list[tuple[str, str]]:
     return list(pairs.items())
 
 
-__all__ = ["CollectivePlan", "GRAD_ALLREDUCE", "LOCAL_SGD", "LOCAL_SGD_STEP_VAR", "NCCL_ID_VAR", "trained_pairs"]
+__all__ = ["CollectivePlan", "GRAD_ALLREDUCE", "LOCAL_SGD", "trained_pairs"]

@@ -14,12 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ir.core import Parameter
-from ir.program_set import ProgramSet
+from ir.names import NCCL_ID_VAR
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
-from passes.collective_plan import NCCL_ID_VAR
 from passes.pass_base import Pass, PassContext
-from passes.trainer_send_recv import trainer_role
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class CollectiveStartup(Pass):
 
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         plan = ctx.require_collective(self.name)
-        block = programs[trainer_role(plan.trainer_id)].startup.global_block()
+        block = programs[ProgramRole.trainer(plan.trainer_id)].startup.global_block()
         block.create_var(NCCL_ID_VAR, shape=(), dtype="float32", type="raw", persistable=True)
         block.insert_op(0, "gen_nccl_id", {}, {"NCCLID": [NCCL_ID_VAR]},
                         {"trainer_id": plan.trainer_id, "endpoint": plan.current_endpoint,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ir.errors import IRError
-from ir.names import trainer_copy_name
+from ir.names import geo_delta_name, prefetch_in_name, prefetch_out_name, pserver_shard_name, trainer_copy_name
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class VarBlock:
     def delta_name(self) -> str:
         """Geo-SGD: the name a trainer sends this parameter block's change since its last sync under
         (``<block>@DELTA``; the relation is recorded in the ``geo_sync`` op's attrs)."""
-        return f"{self.name}@DELTA"
+        return geo_delta_name(self.name)
 
 
 @dataclass(frozen=True)
@@ -112,19 +112,19 @@ class TablePlan:
     def shard_grad_name(self, pserver_index: int, trainer_id: int | None = None) -> str:
         """``table@GRAD.pserver_<i>`` or, for a trainer's copy in sync mode, ``table@GRAD.trainer_<t>.pserver_<i>``."""
         base = self.grad if trainer_id is None else trainer_copy_name(self.grad, trainer_id)
-        return f"{base}.pserver_{pserver_index}"
+        return pserver_shard_name(base, pserver_index)
 
     @property
     def delta_name(self) -> str:
         """Geo-SGD: the name a trainer sends the change of its touched table rows under (``table@DELTA``,
         selected rows with global row ids, one shard per pserver)."""
-        return f"{self.table}@DELTA"
+        return geo_delta_name(self.table)
 
     def prefetch_in_name(self, pserver_index: int) -> str:
-        return f"prefetch_compress_in_tmp_{pserver_index}"
+        return prefetch_in_name(pserver_index)
 
     def prefetch_out_name(self, pserver_index: int) -> str:
-        return f"prefetch_compress_out_tmp_{pserver_index}"
+        return prefetch_out_name(pserver_index)
 
 
 @dataclass(frozen=True)

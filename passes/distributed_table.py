@@ -43,17 +43,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.core import Block, Operator, Program, Variable
+from ir.core import Block, Operator, Program, Variable, copy_op
+from ir.names import send_dummy_name
 from ir.ops.registry import BlockRef
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
-from passes.collect_params import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_ops
 from passes.dist_plan import DistPlan, TablePlan
+from passes.optimizer_ops import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_ops
 from passes.pass_base import Pass, PassContext
-from passes.pserver_program import _copy_op, pserver_role
-from passes.trainer_send_recv import (control_var, last_writers, rpc_attrs, send_dummy_name, table_lookups,
-                                      trainer_role)
+from passes.rpc_builders import control_var, last_writers, rpc_attrs, table_lookups
 
 CHECKPOINT_PATH = "none"  # Fluid's kLookupTablePath placeholder: checkpoint_notify gives the directory
 
@@ -85,11 +84,11 @@ class DistributedTable(Pass):
             return False
         plan = ctx.require_placed(self.name)
         if not plan.geo_sgd:  # a Geo-SGD trainer keeps the table (trainer_send_recv, geo_sgd_startup)
-            role = programs[trainer_role(plan.trainer_id)]
+            role = programs[ProgramRole.trainer(plan.trainer_id)]
             self._rewrite_trainer(role.main.global_block(), plan, table)
             self._rewrite_trainer_startup(role.startup.global_block(), ctx, table)
         for i, ep in enumerate(plan.pservers):
-            ps = programs[pserver_role(ep)]
+            ps = programs[ProgramRole.pserver(ep)]
             self._rewrite_pserver(ps.main, ctx, plan, table, i)
             self._rewrite_pserver_startup(ps.startup, ps.main, ctx, table)
         return True
@@ -226,7 +225,7 @@ class DistributedTable(Pass):
                     g.add_var(var.replace(shape=table.shard_shape))
                 else:
                     g.add_var(var)
-            _copy_op(blk, op, rename)
+            copy_op(blk, op, rename)
 
     @staticmethod
     def _rewrite_pserver_startup(startup: Program, main: Program, ctx: PassContext, table: TablePlan) -> None:
@@ -245,7 +244,7 @@ class DistributedTable(Pass):
             outs = op.output_arg_names
             if not outs or outs[0] not in wanted or outs[0] in done or not mg.has_var(outs[0]):
                 continue
-            new = _copy_op(g, op, {})
+            new = copy_op(g, op, {})
             shape = list(mg.var(outs[0]).shape)
             if new.has_attr("shape") and list(new.attr("shape")) != shape:
                 new.set_attr("shape", shape)

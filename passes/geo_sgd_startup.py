@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.program_set import ProgramSet
+from ir.names import GEO_STEP_VAR
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.pass_base import Pass, PassContext, PassError
-from passes.trainer_send_recv import GEO_STEP_VAR, geo_state_vars, geo_table_state_vars, rpc_attrs, trainer_role
+from passes.rpc_builders import geo_state_vars, geo_table_state_vars, rpc_attrs
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class GeoSgdStartup(Pass):
         table = plan.table
         if not plan.params and table is None:
             return False
-        block = programs[trainer_role(plan.trainer_id)].startup.global_block()
+        block = programs[ProgramRole.trainer(plan.trainer_id)].startup.global_block()
         state = geo_state_vars(block, plan)
         attrs = {OP_ROLE_ATTR: int(OpRole.FORWARD)}
         block.append_op("fill_constant", {}, {"Out": [GEO_STEP_VAR]},

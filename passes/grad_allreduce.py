@@ -23,12 +23,11 @@ import math
 from dataclasses import dataclass
 
 from ir.core import Block, Program
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 from passes.collective_plan import GRAD_ALLREDUCE, CollectivePlan, trained_pairs
 from passes.pass_base import Pass, PassContext, PassError
-from passes.trainer_send_recv import trainer_role
 
 _MIB = 1 << 20
 
@@ -125,7 +124,7 @@ class GradAllReduce(Pass):
         plan = ctx.require_collective(self.name)
         if plan.kind != GRAD_ALLREDUCE:
             raise PassError(f"pass {self.name!r} needs collective_mode 'grad_allreduce', got {plan.kind!r}")
-        main = programs[trainer_role(plan.trainer_id)].main
+        main = programs[ProgramRole.trainer(plan.trainer_id)].main
         block = main.global_block()
         buckets = plan_buckets(main, plan)
         backward = int(OpRole.BACKWARD)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.program_set import ProgramSet
+from ir.names import LOCAL_SGD_STEP_VAR
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
-from passes.collective_plan import LOCAL_SGD, LOCAL_SGD_STEP_VAR, trained_pairs
+from passes.collective_plan import LOCAL_SGD, trained_pairs
 from passes.pass_base import Pass, PassContext, PassError
-from passes.trainer_send_recv import trainer_role
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class LocalSGD(Pass):
         plan = ctx.require_collective(self.name)
         if plan.kind != LOCAL_SGD:
             raise PassError(f"pass {self.name!r} needs collective_mode 'local_sgd', got {plan.kind!r}")
-        progs = programs[trainer_role(plan.trainer_id)]
+        progs = programs[ProgramRole.trainer(plan.trainer_id)]
         block = progs.main.global_block()
         params = [p for p, _ in trained_pairs(progs.main)]
         optimize = int(OpRole.OPTIMIZE)

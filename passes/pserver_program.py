@@ -34,37 +34,15 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from ir.core import Block, Operator, Program, Variable
-from ir.names import block_name, dc_asgd_backup_name
+from ir.core import Block, Operator, Program, Variable, copy_op
+from ir.names import TRAINER_ID_VAR, block_name, dc_asgd_backup_name, dc_asgd_local_name, dc_asgd_temp_name
 from ir.ops.registry import BlockRef
-from ir.program_set import ProgramSet
-from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
+from ir.program_set import ProgramRole, ProgramSet
+from ir.roles import OP_ROLE_ATTR, OpRole
 
-from passes.collect_params import ACCUMULATOR_SLOTS, is_optimizer_op, lr_ops, optimize_ops
 from passes.dist_plan import DistPlan, ParamPlan
+from passes.optimizer_ops import ACCUMULATOR_SLOTS, is_optimizer_op, lr_ops, optimize_ops
 from passes.pass_base import Pass, PassContext, PassError
-
-
-def pserver_role(endpoint: str) -> str:
-    return f"pserver@{endpoint}"
-
-
-def _copy_op(dst: Block, op: Operator, rename: dict[str, str], block_map: dict[int, int] | None = None) -> Operator:
-    """Append a copy of ``op`` to ``dst`` with variables renamed and block references remapped."""
-    def mapped(names: list[str]) -> list[str]:
-        return [rename.get(n, n) for n in names]
-
-    attrs = {}
-    for k, v in op.attrs.items():
-        if isinstance(v, BlockRef):
-            v = BlockRef((block_map or {})[v.idx])
-        elif isinstance(v, list) and v and isinstance(v[0], BlockRef):
-            v = [BlockRef((block_map or {})[b.idx]) for b in v]
-        elif k == OP_ROLE_VAR_ATTR:
-            v = mapped(list(v))
-        attrs[k] = v
-    return dst.append_op(op.type, {s: mapped(list(n)) for s, n in op.inputs.items()},
-                         {s: mapped(list(n)) for s, n in op.outputs.items()}, attrs)
 
 
 @dataclass(frozen=True)
@@ -76,7 +54,7 @@ class PserverProgram(Pass):
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         plan = ctx.require_placed(self.name)
         for ep in plan.pservers:
-            programs.add(pserver_role(ep), self.build(ctx, plan, ep), Program())
+            programs.add(ProgramRole.pserver(ep), self.build(ctx, plan, ep), Program())
         return True
 
     def build(self, ctx: PassContext, plan: DistPlan, ep: str) -> Program:
@@ -183,7 +161,7 @@ class PserverProgram(Pass):
                 for ref in ([v] if isinstance(v, BlockRef) else v if isinstance(v, list) else []):
                     if isinstance(ref, BlockRef):
                         self._clone_sub_block(origin, prog, ref.idx, blk.idx, block_map)
-            _copy_op(blk, op, {}, block_map)
+            copy_op(blk, op, {}, block_map)
         return blk.idx
 
     def _clone_sub_block(self, origin: Program, prog: Program, src: int, parent: int,
@@ -199,7 +177,7 @@ class PserverProgram(Pass):
                 for ref in ([v] if isinstance(v, BlockRef) else v if isinstance(v, list) else []):
                     if isinstance(ref, BlockRef) and ref.idx not in block_map:
                         self._clone_sub_block(origin, prog, ref.idx, nb.idx, block_map)
-            _copy_op(nb, op, {}, block_map)
+            copy_op(nb, op, {}, block_map)
 
     def _fill_block(self, blk: Block, ob: Block, plan: DistPlan, pp: ParamPlan, i: int,
                     chain: list[Operator]) -> None:
@@ -242,12 +220,9 @@ class PserverProgram(Pass):
                 rename[n] = new.name
                 if not g.has_var(new.name):
                     g.add_var(new)
-            copied = _copy_op(blk, op, rename)
+            copied = copy_op(blk, op, rename)
             if dc_grad is not None and is_optimizer_op(op):
                 copied.set_input("Grad", [dc_grad])
-
-
-TRAINER_ID_VAR = "@TRAINER_ID@"  # set by the runtime to the id of the trainer whose gradient is applied
 
 
 def _dc_asgd_ops(blk: Block, plan: DistPlan, pp: ParamPlan, i: int) -> str:
@@ -269,7 +244,7 @@ def _dc_asgd_ops(blk: Block, plan: DistPlan, pp: ParamPlan, i: int) -> str:
         baks.append(name)
     if not g.has_var(TRAINER_ID_VAR):
         g.add_var(Variable(name=TRAINER_ID_VAR, shape=(1,), dtype="int64"))
-    tmp = [f"{pb.name}.local_bak"] + [f"{gb.name}.dc_asgd_{k}" for k in range(4)]
+    tmp = [dc_asgd_local_name(pb.name)] + [dc_asgd_temp_name(gb.name, k) for k in range(4)]
     for name in tmp:
         blk.add_var(Variable(name=name, shape=pb.shape, dtype=pvar.dtype))
     attrs = {OP_ROLE_ATTR: int(OpRole.OPTIMIZE)}

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.core import Operator, Program
+from ir.core import Operator, Program, copy_op
 from ir.names import dc_asgd_backup_name
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.dist_plan import DistPlan
 from passes.pass_base import Pass, PassContext
-from passes.pserver_program import _copy_op, pserver_role
 
 
 def held_as_index(program: Program) -> dict[str, list[str]]:
@@ -43,7 +42,7 @@ class PserverStartup(Pass):
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         plan = ctx.require_placed(self.name)
         for ep in plan.pservers:
-            role = programs[pserver_role(ep)]
+            role = programs[ProgramRole.pserver(ep)]
             role.startup = self.build(ctx.origin_startup, role.main)
             if plan.enable_dc_asgd:
                 _init_dc_asgd_backups(role.startup, plan, ep)
@@ -68,7 +67,7 @@ class PserverStartup(Pass):
                 for n in op.input_arg_names:
                     if not g.has_var(n):
                         g.add_var(src.var_recursive(n))
-                new = _copy_op(g, op, {outs[0]: target}) if target != outs[0] else _copy_op(g, op, {})
+                new = copy_op(g, op, {outs[0]: target}) if target != outs[0] else copy_op(g, op, {})
                 _set_shape(new, g.var(target).shape)
         return prog
 

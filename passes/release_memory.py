@@ -25,7 +25,7 @@ from ir.program_set import ProgramSet
 from ir.roles import OP_ROLE_ATTR
 
 from passes.liveness import block_liveness, program_peak_bytes, reuse_exclusions
-from passes.memory_optimize import Deletion, MemoryReport, check_arguments
+from passes.memory_report import Deletion, MemoryReport, check_arguments
 from passes.pass_base import Pass, PassContext
 
 __all__ = ["ReleaseMemory", "release_memory_program"]

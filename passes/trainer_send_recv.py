@@ -32,96 +32,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.core import Block, Operator, Parameter, Program, Variable
-from ir.names import geo_touched_name, geo_updates_name
-from ir.program_set import ProgramSet
+from ir.core import Block, Parameter, Program, Variable
+from ir.names import FETCH_BARRIER_OUT, GEO_STEP_VAR, SEND_BARRIER_OUT, geo_updates_name, send_dummy_name
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
-from passes.collect_params import lr_ops, optimize_ops
-from passes.dist_plan import DistPlan, ParamPlan, TablePlan
-from passes.pass_base import Pass, PassContext, PassError
-
-SEND_BARRIER_OUT = "__control_var@send_barrier"
-FETCH_BARRIER_OUT = "__control_var@fetch_barrier"
-GEO_STEP_VAR = "@GEO_SGD_STEP@"  # Geo-SGD: the trainer's step counter (persistable int64 [1])
-
-
-def trainer_role(trainer_id: int) -> str:
-    return f"trainer.{trainer_id}"
-
-
-def send_dummy_name(grad: str) -> str:
-    """The control-dependency output of the ``send`` of gradient ``grad``."""
-    return f"__control_var@send@{grad}"
-
-
-def geo_snapshot_name(param: str) -> str:
-    """Geo-SGD: the trainer's copy of ``param`` at its last sync (``copy_of`` records the parameter)."""
-    return f"{param}@GEO_SNAPSHOT"
-
-
-def geo_state_vars(block: Block, plan: DistPlan) -> list[Variable]:
-    """Declare (if needed) Geo-SGD's persistable trainer state in ``block``: the step counter, then one
-    snapshot per planned parameter, in plan order; return them in that order."""
-    if not block.has_var(GEO_STEP_VAR):
-        block.create_var(GEO_STEP_VAR, shape=(1,), dtype="int64", persistable=True, stop_gradient=True)
-    out = [block.var(GEO_STEP_VAR)]
-    for pp in plan.params:
-        name = geo_snapshot_name(pp.param)
-        if not block.has_var(name):
-            pvar = block.var(pp.param)
-            block.add_var(Variable(name=name, shape=pvar.shape, dtype=pvar.dtype, persistable=True,
-                                   stop_gradient=True, copy_of=pp.param))
-        out.append(block.var(name))
-    return out
-
-
-def geo_table_state_vars(block: Block, table: TablePlan) -> tuple[Variable, Variable]:
-    """Declare (if needed) Geo-SGD's persistable trainer state for the distributed table in ``block``: its
-    snapshot (``copy_of`` the table) and its touched-rows mask (bool ``[rows]``); return both."""
-    snapshot = geo_snapshot_name(table.table)
-    if not block.has_var(snapshot):
-        tvar = block.var(table.table)
-        block.add_var(Variable(name=snapshot, shape=tvar.shape, dtype=tvar.dtype, persistable=True,
-                               stop_gradient=True, copy_of=table.table))
-    touched = geo_touched_name(table.table)
-    if not block.has_var(touched):
-        block.create_var(touched, shape=table.shape[:1], dtype="bool", persistable=True, stop_gradient=True)
-    return block.var(snapshot), block.var(touched)
-
-
-def table_lookups(block: Block, table: TablePlan) -> list[Operator]:
-    """The ``lookup_table`` ops of ``block`` on the distributed table; PassError (E651) when there is none."""
-    lookups = [op for op in block.ops if op.type == "lookup_table" and op.input("W") == [table.table]]
-    if not lookups:
-        raise PassError(f"the trainer program has no lookup_table op on the distributed table {table.table!r}",
-                        hint="look the table up with layers.embedding(is_distributed=True)", code="E651")
-    return lookups
-
-
-def control_var(block: Block, name: str) -> Variable:
-    if block.has_var(name):
-        return block.var(name)
-    return block.create_var(name, shape=(), dtype="float32", type="raw")
-
-
-def rpc_attrs(**extra: object) -> dict[str, object]:
-    return {OP_ROLE_ATTR: int(OpRole.RPC), **extra}
-
-
-def param_block_vars(block: Block, pp: ParamPlan) -> list[str]:
-    """Declare (if needed) the trainer-side variables receiving each block of ``pp``'s parameter."""
-    if not pp.is_sliced:
-        return [pp.param]
-    pvar = block.var(pp.param)
-    names = []
-    for b in pp.param_blocks:
-        if not block.has_var(b.name):
-            block.add_var(Variable(name=b.name, shape=b.shape, dtype=pvar.dtype, type=pvar.type,
-                                   slice_of=pp.param, slice_index=b.index, slice_offset=b.offset_rows))
-        names.append(b.name)
-    return names
-
+from passes.dist_plan import DistPlan, ParamPlan
+from passes.optimizer_ops import lr_ops, optimize_ops
+from passes.pass_base import Pass, PassContext
+from passes.rpc_builders import (control_var, geo_state_vars, geo_table_state_vars, last_writers, param_block_vars,
+                                 rpc_attrs, table_lookups)
 
 def remove_unused_vars(block: Block) -> None:
     """Drop variables no op of the program uses, except parameters and fed data."""
@@ -139,7 +59,7 @@ class TrainerSendRecv(Pass):
 
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         plan = ctx.require_placed(self.name)
-        program = programs[trainer_role(plan.trainer_id)].main
+        program = programs[ProgramRole.trainer(plan.trainer_id)].main
         block = program.global_block()
         if plan.geo_sgd:
             self._geo_sync(program, plan)
@@ -273,23 +193,3 @@ def last_backward_op(block: Block) -> int:
         if block.ops[i].role & OpRole.BACKWARD:
             return i
     return -1
-
-
-def last_writers(block: Block, names: list[str]) -> dict[str, int]:
-    """The index of the last op of ``block`` writing each of ``names``, found in one backward scan.
-
-    Raises ``PassError`` (E630) naming the first of ``names`` that no op produces."""
-    wanted = set(names)
-    found: dict[str, int] = {}
-    ops = block.ops
-    for i in range(len(ops) - 1, -1, -1):
-        if len(found) == len(wanted):
-            break
-        for n in ops[i].output_arg_names:
-            if n in wanted and n not in found:
-                found[n] = i
-    for name in names:
-        if name not in found:
-            raise PassError(f"no op of the trainer program produces gradient {name!r}",
-                            hint="the program must contain the backward pass (optimizer.minimize)", code="E630")
-    return found

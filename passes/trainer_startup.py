@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ir.program_set import ProgramSet
+from ir.names import FETCH_BARRIER_OUT
+from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.pass_base import Pass, PassContext
-from passes.trainer_send_recv import FETCH_BARRIER_OUT, control_var, param_block_vars, rpc_attrs, trainer_role
+from passes.rpc_builders import control_var, param_block_vars, rpc_attrs
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class TrainerStartup(Pass):
 
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         plan = ctx.require_placed(self.name)
-        startup = programs[trainer_role(plan.trainer_id)].startup
+        startup = programs[ProgramRole.trainer(plan.trainer_id)].startup
         block = startup.global_block()
         origin = ctx.origin_main.global_block()
         received: list[str] = []

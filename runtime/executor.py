@@ -29,14 +29,16 @@ import jax
 import numpy as np
 
 from ir.core import Block, Operator, Program, Variable, default_main_program
+from ir.data_parallel import DataParallelSource
 from ir.names import EMPTY_VAR_NAME
-from ir.ops.registry import find_op_def, suggest
+from ir.ops.registry import find_op_def, op_has_trait, suggest
 from runtime.kernels.collective import collective_axis
 from runtime.kernels.registry import (RNG_SLOT, get_host_kernel, get_kernel, has_kernel, is_host_op,
                                       shape_only_slots)
 from runtime.place import CPUPlace, CUDAPlace
 from runtime.collective import local_value
 from runtime.lod import expand_lod_feeds
+from runtime.rpc.session import RPCSession
 from runtime.scope import (ExecutionError, FeedError, FetchError, Scope, SelectedRows, ShapeDtypeError,
                            UninitializedVariableError, UntranspiledProgramError, global_scope)
 
@@ -120,7 +122,7 @@ class Executor:
         self._device: Any = None  # resolved on first use: a collective group must form before JAX starts
         self._plans: "weakref.WeakKeyDictionary[Program, dict[Any, _Plan]]" = weakref.WeakKeyDictionary()
         self._closed = False
-        self._close_hooks: list[Any] = []
+        self.rpc_session = RPCSession()  # this executor's pserver clients, closed with it
         _LIVE.add(self)
 
     @property
@@ -138,8 +140,8 @@ class Executor:
             raise ExecutionError("this Executor is closed", hint="create a new runtime.Executor")
         program = program if program is not None else default_main_program()
         dp = None
-        if hasattr(program, "_flotilla_data_parallel"):  # a CompiledProgram (transpiler/ builds them)
-            program, kind, program_for = program._flotilla_data_parallel()
+        if isinstance(program, DataParallelSource):  # a CompiledProgram (transpiler/ builds them)
+            program, kind, program_for = program.data_parallel_run()
             if kind is not None:
                 from runtime import collective
 
@@ -147,7 +149,7 @@ class Executor:
                 program = program_for(dp.nranks)
         if not isinstance(program, Program):
             raise ExecutionError(f"Executor.run needs an ir.Program, got {type(program).__name__}")
-        run_instead = getattr(program, "_flotilla_run_instead", None)  # set by DistributeTranspiler.transpile
+        run_instead = program.superseded_by
         if run_instead is not None and _is_distributed_trainer():
             raise UntranspiledProgramError(f"this distributed trainer was asked to run the program handed to "
                                            f"DistributeTranspiler.transpile; run {run_instead} instead",
@@ -197,17 +199,12 @@ class Executor:
         plan.runs += 1
 
     def close(self) -> None:
-        """Release the executor; hooks registered by distributed kernels (e.g. telling pservers this
-        trainer is done) run here."""
+        """Release the executor; its RPC session tells every pserver it talked to that this trainer is
+        done."""
         if self._closed:
             return
         self._closed = True
-        for hook in self._close_hooks:
-            hook()
-        self._close_hooks.clear()
-
-    def add_close_hook(self, hook: Any) -> None:
-        self._close_hooks.append(hook)
+        self.rpc_session.close()
 
     # --- feeding
     def _check_feed(self, block: Block, name: str, value: Any) -> Any:
@@ -300,7 +297,7 @@ class Executor:
             needed_later |= set(run.reads)
         steps.reverse()
         nranks = [int(op.attr("nranks", 0)) for op in block.ops
-                  if op.type in _COLLECTIVE_OPS]
+                  if op_has_trait(op.type, "collective") and not op_has_trait(op.type, "host")]
         return _Plan(steps, program.random_seed, frozenset(persistable), fetch=list(fetch),
                      collective_nranks=(max(nranks) if nranks else None))
 
@@ -463,9 +460,6 @@ def _trace_run(run: _PureRun, block: Block, axis: str | None) -> Any:
         return tuple(env[n] for n in run.outputs)
 
     return fn
-
-
-_COLLECTIVE_OPS = ("c_allreduce_sum", "c_broadcast", "c_local_sgd")
 
 
 def _deletes_before(block: Block) -> list[int]:

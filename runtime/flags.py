@@ -57,7 +57,7 @@ CHECKPOINT_ROOT_ENV = "FLOTILLA_CHECKPOINT_ROOT"
 
 
 class FlagError(FlotillaError):
-    code = "E701"
+    code = "E760"
 
 
 def flag(name: str, environ: Mapping[str, str] | None = None) -> int:

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from ir.core import Program, Variable, default_main_program
 from ir.errors import SerializationError
-from ir.layers import seq_len_name
+from ir.names import seq_len_name
 from ir.serialize import load_program, save_program
 from runtime.io import is_persistable, load_vars, save_vars
 from runtime.scope import ExecutionError, Scope

@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ir.core import Program, Variable, default_main_program
+from ir.dist_info import DistRole, distributed_role
 from ir.ops.registry import DTYPES
 from runtime.scope import ExecutionError, Scope, SelectedRows
 
@@ -358,12 +359,15 @@ def _executor(executor: Any) -> Any:
     return executor
 
 
-def save_vars(executor: Any, dirname: str, main_program: Program | None = None, vars: Iterable[Any] | None = None,
-              predicate: Callable[[Variable], bool] | None = None, filename: str | None = None, *,
-              scope: Scope | None = None) -> None:
-    """Save ``vars`` (Variables or names), or the variables of ``main_program`` that ``predicate`` accepts
-    (all when None), from ``scope`` (default ``runtime.global_scope()``) into ``dirname``: one file each,
-    or one archive ``filename``. Runs ``save`` / ``save_combine`` ops on ``executor``."""
+#: ``append_op``'s keyword -> the slot the save/load ops name their variables in.
+_IO_SLOT_NAMES = {"inputs": "X", "outputs": "Out"}
+
+
+def _run_io_ops(executor: Any, dirname: str, main_program: Program | None, vars: Iterable[Any] | None,
+                predicate: Callable[[Variable], bool] | None, filename: str | None, scope: Scope | None,
+                op: str, slot: str) -> None:
+    """Run one ``op`` per selected variable (or one ``op + "_combine"`` for them all, into ``filename``),
+    each naming its variables in ``slot``: what ``save_vars`` and ``load_vars`` share."""
     program = main_program if main_program is not None else default_main_program()
     variables = _select(program, vars, predicate)
     if not variables:
@@ -372,12 +376,21 @@ def save_vars(executor: Any, dirname: str, main_program: Program | None = None, 
     block = prog.global_block()
     if filename is None:
         for v in variables:
-            block.append_op("save", inputs={"X": [v.name]},
+            block.append_op(op, **{slot: {_IO_SLOT_NAMES[slot]: [v.name]}},
                             attrs={"file_path": os.path.join(dirname, var_filename(v.name))}, infer_shape=False)
     else:
-        block.append_op("save_combine", inputs={"X": [v.name for v in variables]},
+        block.append_op(f"{op}_combine", **{slot: {_IO_SLOT_NAMES[slot]: [v.name for v in variables]}},
                         attrs={"file_path": os.path.join(dirname, filename)}, infer_shape=False)
     _executor(executor).run(prog, scope=scope)
+
+
+def save_vars(executor: Any, dirname: str, main_program: Program | None = None, vars: Iterable[Any] | None = None,
+              predicate: Callable[[Variable], bool] | None = None, filename: str | None = None, *,
+              scope: Scope | None = None) -> None:
+    """Save ``vars`` (Variables or names), or the variables of ``main_program`` that ``predicate`` accepts
+    (all when None), from ``scope`` (default ``runtime.global_scope()``) into ``dirname``: one file each,
+    or one archive ``filename``. Runs ``save`` / ``save_combine`` ops on ``executor``."""
+    _run_io_ops(executor, dirname, main_program, vars, predicate, filename, scope, "save", "inputs")
 
 
 def load_vars(executor: Any, dirname: str, main_program: Program | None = None, vars: Iterable[Any] | None = None,
@@ -385,20 +398,7 @@ def load_vars(executor: Any, dirname: str, main_program: Program | None = None, 
               scope: Scope | None = None) -> None:
     """Load what ``save_vars`` with the same arguments saved into ``scope`` (default
     ``runtime.global_scope()``), checking each value against its declaration in ``main_program``."""
-    program = main_program if main_program is not None else default_main_program()
-    variables = _select(program, vars, predicate)
-    if not variables:
-        return
-    prog = _io_program(variables)
-    block = prog.global_block()
-    if filename is None:
-        for v in variables:
-            block.append_op("load", outputs={"Out": [v.name]},
-                            attrs={"file_path": os.path.join(dirname, var_filename(v.name))}, infer_shape=False)
-    else:
-        block.append_op("load_combine", outputs={"Out": [v.name for v in variables]},
-                        attrs={"file_path": os.path.join(dirname, filename)}, infer_shape=False)
-    _executor(executor).run(prog, scope=scope)
+    _run_io_ops(executor, dirname, main_program, vars, predicate, filename, scope, "load", "outputs")
 
 
 def save_params(executor: Any, dirname: str, main_program: Program | None = None, filename: str | None = None,
@@ -425,16 +425,15 @@ def save_persistables(executor: Any, dirname: str, main_program: Program | None 
     dist = distributed_role(program)
     if dist is None:
         save_vars(executor, dirname, program, predicate=is_persistable, filename=filename, scope=scope)
-    elif dist[0] == "pserver":
+    elif dist.kind == "pserver":
         save_checkpoint_part(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
                              filename=filename, scope=scope)
     else:
         from runtime.flags import checkpoint_root
-        from runtime.rpc.client import client_for
 
         root = checkpoint_root()
         name = checkpoint_name(dirname, root)
-        client_for(_executor(executor), dist[1]).checkpoint(dist[2], name)
+        _executor(executor).rpc_session.client(dist.id).checkpoint(dist.endpoints, name)
         present = scope if scope is not None else _global_scope()
         local = [v for v in _trainer_local_vars(program) if present.find_var(v.name) is not None]
         base = os.path.join(root, name) if root else dirname
@@ -449,7 +448,7 @@ def load_persistables(executor: Any, dirname: str, main_program: Program | None 
     dist = distributed_role(program)
     if dist is None:
         load_vars(executor, dirname, program, predicate=is_persistable, filename=filename, scope=scope)
-    elif dist[0] == "pserver":
+    elif dist.kind == "pserver":
         load_checkpoint_part(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
                              filename=filename, scope=scope)
     else:
@@ -572,21 +571,6 @@ def load_checkpoint_part(executor: Any, path: str, main_program: Program, vars: 
     load_vars(executor, path, main_program, vars=vars, filename=filename, scope=scope)
 
 
-def distributed_role(program: Program) -> tuple[str, int, list[str]] | None:
-    """``("pserver", pserver_id, [endpoint])`` for a pserver program, ``("trainer", trainer_id, endpoints)``
-    for a transpiled trainer program (the pservers its rpc ops name), None for a local program."""
-    endpoints: dict[str, None] = {}
-    trainer_id = None
-    for op in program.global_block().ops:
-        if op.type == "listen_and_serv":
-            return "pserver", max(0, int(op.attr("pserver_id"))), [op.attr("endpoint")]
-        if op.type in ("send", "recv", "prefetch", "send_barrier", "fetch_barrier", "geo_sync", "geo_table_init"):
-            trainer_id = int(op.attr("trainer_id"))
-            for ep in op.attr("endpoints" if op.type.endswith("barrier") else "epmap"):
-                endpoints[ep] = None
-    return None if trainer_id is None else ("trainer", trainer_id, sorted(endpoints))
-
-
 def pserver_checkpoint_vars(program: Program) -> list[Variable]:
     """The state of a pserver program: its persistable variables except received and merged gradients
     and per-trainer copies (DC-ASGD backups are refreshed by the trainers' first fetch)."""
@@ -607,8 +591,8 @@ def _trainer_local_vars(program: Program) -> list[Variable]:
             and not (v.copy_of and block.has_var(v.copy_of) and block.var(v.copy_of).is_parameter)]
 
 
-def _part_dir(dirname: str, dist: tuple[str, int, list[str]]) -> str:
-    return os.path.join(dirname, f"{dist[0]}_{dist[1]}")
+def _part_dir(dirname: str, dist: DistRole) -> str:
+    return os.path.join(dirname, f"{dist.kind}_{dist.id}")
 
 
 def _global_scope() -> Scope:

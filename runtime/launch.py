@@ -382,6 +382,12 @@ def pick_ports(needed: Sequence[tuple[str, str]], started_port: int | None) -> l
             s.close()
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports of ``host`` that the OS says are free now (all held open while choosing): what
+    tests and benchmarks give the processes they start."""
+    return pick_ports([(host, f"port {i + 1} of {n}") for i in range(n)], None)
+
+
 # --- running ---------------------------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ir.core import Block, Program, Variable, default_main_program
-from ir.layers import seq_len_name
+from ir.names import seq_len_name
 from runtime.scope import FeedError
 
 MIN_BUCKET_ROWS = 8

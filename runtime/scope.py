@@ -5,7 +5,7 @@ SelectedRows is a JAX pytree, so it flows through ``jax.jit`` like any array: ``
 into a ``height``-row dense tensor (duplicates allowed: they add up), ``values`` holds one row each.
 ``scope_guard(scope)`` makes ``global_scope()`` return ``scope`` inside a ``with`` block, as in Fluid.
 
-The runtime's errors live here, under one base ``ExecutionError`` (E600): ``FeedError`` (E681),
+The runtime's errors live here, under one base ``ExecutionError`` (E680): ``FeedError`` (E681),
 ``FetchError`` (E682), ``ShapeDtypeError`` (E683), ``UninitializedVariableError`` (E684) and
 ``UntranspiledProgramError`` (E685); ``except ExecutionError`` catches them all.
 """
@@ -23,9 +23,9 @@ from ir.ops.registry import suggest
 
 
 class ExecutionError(FlotillaError):
-    """The base of every error the runtime raises while running a program (codes E600, E681-E685)."""
+    """The base of every error the runtime raises while running a program (codes E680-E685)."""
 
-    code = "E600"
+    code = "E680"
 
 
 class FeedError(ExecutionError):

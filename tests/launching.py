@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 
@@ -45,13 +44,3 @@ def launch(log_dir: pathlib.Path, mode: list[str], script: str, *args: str, proc
     return out
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports of 127.0.0.1 the OS says are free now (all held while choosing)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()

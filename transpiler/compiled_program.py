@@ -19,16 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ir.core import Program
-from ir.program_set import ProgramSet
+from ir.data_parallel import DataParallelRun, DataParallelSource
+from ir.ops import op_has_trait
+from ir.program_set import ProgramRole, ProgramSet
 
 from passes.collective_plan import CollectivePlan
 from passes.grad_allreduce import GradAllReduce
 from passes.pass_base import PassContext, PassManager
 from passes.dist_plan import DistPlan
-from passes.trainer_send_recv import trainer_role
 from transpiler.config import TranspilerError
-
-_COLLECTIVE_OPS = ("c_allreduce_sum", "c_local_sgd")
 
 
 @dataclass
@@ -56,7 +55,7 @@ class ExecutionStrategy:
 
 def is_collective_program(program: Program) -> bool:
     """Whether ``program`` already reduces its gradients (transpiled in nccl2/collective mode)."""
-    return any(op.type in _COLLECTIVE_OPS for b in program.blocks for op in b.ops)
+    return any(op_has_trait(op.type, "replica_reduce") for b in program.blocks for op in b.ops)
 
 
 def data_parallel_program(program: Program, nranks: int, fuse_grad_size_mb: float = 32.0) -> Program:
@@ -64,14 +63,14 @@ def data_parallel_program(program: Program, nranks: int, fuse_grad_size_mb: floa
     plan = CollectivePlan(trainer_id=0, endpoints=tuple(f"device:{i}" for i in range(nranks)),
                           fuse_grad_size_mb=fuse_grad_size_mb)
     programs = ProgramSet()
-    programs.add(trainer_role(0), program.clone(), Program())
+    programs.add(ProgramRole.trainer(0), program.clone(), Program())
     ctx = PassContext(origin_main=program, origin_startup=Program(),
                       plan=DistPlan(trainer_id=0, trainers=nranks, sync_mode=True, pservers=()), collective=plan)
     PassManager([GradAllReduce()]).run(programs, ctx)
-    return programs[trainer_role(0)].main
+    return programs[ProgramRole.trainer(0)].main
 
 
-class CompiledProgram:
+class CompiledProgram(DataParallelSource):
     """``CompiledProgram(program)``; ``.with_data_parallel(...)`` makes Executor runs data parallel."""
 
     def __init__(self, program_or_graph: Program, build_strategy: BuildStrategy | None = None) -> None:
@@ -118,14 +117,13 @@ class CompiledProgram:
             self._rewritten = {key: cached}  # older versions of the program are dead
         return cached
 
-    def _flotilla_data_parallel(self) -> tuple[Program, Any, Any]:
-        """For ``runtime.Executor``: the program itself and, when data parallel, the mesh it wants
-        (``"process"``: one device a trainer process, for an nccl2-transpiled program; ``"devices"``: every
-        device) and a callable giving the program to run on a mesh of N ranks. The runtime resolves the mesh:
-        this module never imports it."""
+    def data_parallel_run(self) -> DataParallelRun:
+        """For ``runtime.Executor``, which resolves the mesh (this module never imports the runtime): an
+        nccl2-transpiled program wants one device a trainer process, any other every local device."""
         if not self._data_parallel:
-            return self._program, None, None
-        return self._program, ("process" if is_collective_program(self._program) else "devices"), self.program_for
+            return DataParallelRun(self._program, None, None)
+        return DataParallelRun(self._program, "process" if is_collective_program(self._program) else "devices",
+                               self.program_for)
 
 
 __all__ = ["BuildStrategy", "CompiledProgram", "ExecutionStrategy", "data_parallel_program", "is_collective_program"]

@@ -2,7 +2,7 @@
 
 Every invalid input raises ``TranspilerError`` with a stable code and a hint:
 E701 endpoints (empty, duplicated, malformed), E702 trainers, E703 trainer_id, E705 min_block_size,
-E706 an endpoint not in the pserver list, E709 enable_dc_asgd with sync_mode, E710 split_method,
+E706 an endpoint not in the pserver list, E709 enable_dc_asgd with sync_mode, E718 split_method or config,
 E711 mode (and the collective options), E712 a program argument that is not a Program, E714 a pserver
 program asked for in a collective mode, E715 a field the config does not have (set by mistake, e.g.
 ``config.slice_var_upp = True``: it names the closest field), E717 the Geo-SGD options (``geo_sgd_mode``
@@ -78,7 +78,7 @@ class DistributeTranspilerConfig:
         split = self.split_method if self.split_method is not None else RoundRobin
         if not (isinstance(split, type) and issubclass(split, PSDispatcher)):
             raise TranspilerError(f"split_method must be a PSDispatcher subclass, got {split!r}",
-                                  hint="use RoundRobin, HashName or your own PSDispatcher subclass", code="E710")
+                                  hint="use RoundRobin, HashName or your own PSDispatcher subclass", code="E718")
         mbs = self.min_block_size
         if isinstance(mbs, bool) or not isinstance(mbs, int) or mbs < 1:
             raise TranspilerError(f"min_block_size must be an int >= 1, got {mbs!r}",

@@ -16,10 +16,10 @@ not given, the default program it stands for is rewritten **in place** into the 
 same object then holds the trainer main / startup program), so ``exe.run(default_startup_program())``
 and ``exe.run(default_main_program())`` run the right thing on a trainer; ``in_place = True`` (what
 ``flotilla.fluid.DistributeTranspiler`` sets) applies that rule to programs passed explicitly too.
-A program given explicitly to the native API is untouched but marked (``_flotilla_run_instead``), and
+A program given explicitly to the native API is untouched but marked (``Program.superseded_by``), and
 ``runtime.Executor`` refuses to run a marked program in a distributed trainer process, naming the
 ``get_*`` method whose result to run instead. Transpiling an in-place-rewritten program again starts from
-its stored origin (while it is unchanged since), so a second call gives the same programs. (E716: a
+its origin (``_IN_PLACE_ORIGINS``, while it is unchanged since), so a second call gives the same programs. (E716: a
 result with fewer blocks than the program to rewrite, which the passes never produce.)
 ``FLOTILLA_PRINT_IR_AFTER`` (``all`` or pass names) is read once, when the transpiler is created.
 """
@@ -28,10 +28,11 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from typing import Any
+import weakref
+from typing import Any, NamedTuple
 
 from ir.core import Program, default_main_program, default_startup_program
-from ir.program_set import ProgramSet
+from ir.program_set import ProgramRole, ProgramSet
 from ir.verify import verify_program_set
 
 from passes import collective_pipeline, default_pipeline
@@ -39,8 +40,6 @@ from passes.collective_plan import CollectivePlan
 from passes.dist_plan import DistPlan
 from passes.geo_sgd_startup import GeoSgdStartup
 from passes.pass_base import Instrument, PassContext, PassManager, PrintIRAfter, Timing
-from passes.pserver_program import pserver_role
-from passes.trainer_send_recv import trainer_role
 from passes.trainer_startup import TrainerStartup
 from transpiler.config import (
     DistributeTranspilerConfig,
@@ -61,7 +60,7 @@ class DistributeTranspiler:
     def __init__(self, config: DistributeTranspilerConfig | None = None) -> None:
         if config is not None and not isinstance(config, DistributeTranspilerConfig):
             raise TranspilerError(f"config must be a DistributeTranspilerConfig, got {type(config).__name__}",
-                                  code="E710")
+                                  code="E718")
         self.config = (config or DistributeTranspilerConfig()).validated()
         self._print_ir_after = os.environ.get("FLOTILLA_PRINT_IR_AFTER", "")
         self._programs: ProgramSet | None = None
@@ -105,13 +104,13 @@ class DistributeTranspiler:
         else:
             self._transpile_pserver(trainer_id, program, startup_program, pservers, trainers, sync_mode,
                                     current_endpoint)
-        role = self._done()[trainer_role(self.plan.trainer_id)]
+        role = self._done()[ProgramRole.trainer(self.plan.trainer_id)]
         getters = ("get_trainer_program()", "get_trainer_startup_program()")
         for (target, in_place), source, result, getter in zip(targets, sources, (role.main, role.startup), getters):
             if in_place:
                 _rewrite_in_place(target, result, source.clone() if source is target else source)
             else:
-                target._flotilla_run_instead = f"the result of DistributeTranspiler.{getter}"
+                target.superseded_by = f"the result of DistributeTranspiler.{getter}"
 
     def _transpile_pserver(self, trainer_id: int, program: Program, startup_program: Program, pservers: Any,
                            trainers: int, sync_mode: bool, current_endpoint: str | None) -> None:
@@ -133,7 +132,7 @@ class DistributeTranspiler:
         ctx = PassContext(origin_main=origin_main, origin_startup=origin_startup, plan=plan,
                           dispatcher=self.config.split_method(list(eps)))
         programs = ProgramSet()
-        programs.add(trainer_role(trainer_id), origin_main.clone(), origin_startup.clone())
+        programs.add(ProgramRole.trainer(trainer_id), origin_main.clone(), origin_startup.clone())
         pipeline = default_pipeline()
         if plan.geo_sgd:
             at = next(i for i, p in enumerate(pipeline) if isinstance(p, TrainerStartup)) + 1
@@ -161,7 +160,7 @@ class DistributeTranspiler:
         plan = DistPlan(trainer_id=trainer_id, trainers=len(eps), sync_mode=True, pservers=())
         ctx = PassContext(origin_main=origin_main, origin_startup=origin_startup, plan=plan, collective=coll)
         programs = ProgramSet()
-        programs.add(trainer_role(trainer_id), origin_main.clone(), origin_startup.clone())
+        programs.add(ProgramRole.trainer(trainer_id), origin_main.clone(), origin_startup.clone())
         self._run_pipeline(collective_pipeline(coll.kind), programs, ctx)
 
     def _run_pipeline(self, pipeline: list[Any], programs: ProgramSet, ctx: PassContext) -> None:
@@ -195,11 +194,11 @@ class DistributeTranspiler:
         """A copy of every role's programs (trainer first, then the pservers in order)."""
         src = self._done()
         out = ProgramSet()
-        for role, progs in src.items():
-            out.add(role, progs.main.clone(), progs.startup.clone())
+        for _, progs in src.items():
+            out.add(progs.role, progs.main.clone(), progs.startup.clone())
         return out
 
-    def _role(self, endpoint: str) -> str:
+    def _role(self, endpoint: str) -> ProgramRole:
         if self.config.is_collective:
             raise TranspilerError(f"mode {self.config.mode!r} has no parameter servers, so there is no pserver "
                                   f"program for {endpoint!r}",
@@ -208,7 +207,7 @@ class DistributeTranspiler:
         if not isinstance(endpoint, str) or endpoint not in self.plan.pservers:
             raise TranspilerError(f"endpoint {endpoint!r} is not one of the pservers {list(self.plan.pservers)}",
                                   hint="pass one of the endpoints given to transpile(pservers=...)", code="E706")
-        return pserver_role(endpoint)
+        return ProgramRole.pserver(endpoint)
 
     def get_trainer_program(self, wait_port: bool = True) -> Program:
         """The trainer's main program.
@@ -217,10 +216,10 @@ class DistributeTranspiler:
         network: the runtime waits (bounded, naming the missing endpoints) for the pservers before its
         first RPC, so a program can be transpiled and inspected on a machine with no cluster.
         """
-        return self._done()[trainer_role(self.plan.trainer_id)].main.clone()
+        return self._done()[ProgramRole.trainer(self.plan.trainer_id)].main.clone()
 
     def get_trainer_startup_program(self) -> Program:
-        return self._done()[trainer_role(self.plan.trainer_id)].startup.clone()
+        return self._done()[ProgramRole.trainer(self.plan.trainer_id)].startup.clone()
 
     def get_pserver_program(self, endpoint: str) -> Program:
         return self._done()[self._role(endpoint)].main.clone()
@@ -236,12 +235,24 @@ class DistributeTranspiler:
 
 
 # --- in-place transpile (Fluid 1.5's rule; see the module docstring) --------------------------------------
+class _InPlaceOrigin(NamedTuple):
+    """What a program rewritten in place was transpiled from, and its version right after the rewrite."""
+
+    origin: Program
+    version: int
+
+
+# Every program rewritten in place, weakly (a dead program's entry goes with it), over every transpiler:
+# a second transpiler given the default program must start from the same origin as the first.
+_IN_PLACE_ORIGINS: "weakref.WeakKeyDictionary[Program, _InPlaceOrigin]" = weakref.WeakKeyDictionary()
+
+
 def _origin_of(program: Program) -> Program:
     """What to transpile for a program rewritten in place: its stored origin while it is unchanged since an
     earlier in-place transpile (so transpiling twice gives the same programs), else the program itself."""
-    stored = getattr(program, "_flotilla_in_place_origin", None)
-    if stored is not None and stored[1] == program.version:
-        return stored[0]
+    stored = _IN_PLACE_ORIGINS.get(program)
+    if stored is not None and stored.version == program.version:
+        return stored.origin
     return program
 
 
@@ -269,8 +280,7 @@ def _rewrite_in_place(target: Program, result: Program, origin: Program) -> None
                                {k: list(v) for k, v in op.outputs.items()},
                                {k: list(v) if isinstance(v, list) else v for k, v in op.attrs.items()})
     target.random_seed = result.random_seed
-    target._flotilla_in_place_origin = (origin, target.version)
-    if hasattr(target, "_flotilla_run_instead"):
-        del target._flotilla_run_instead
+    _IN_PLACE_ORIGINS[target] = _InPlaceOrigin(origin, target.version)
+    target.superseded_by = None
 
 

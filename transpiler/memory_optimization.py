@@ -17,7 +17,8 @@ from typing import Iterable
 
 from ir.core import Program, Variable
 
-from passes.memory_optimize import MemoryOptimizeError, MemoryReport, memory_optimize_program
+from passes.memory_optimize import memory_optimize_program
+from passes.memory_report import MemoryOptimizeError, MemoryReport
 from passes.release_memory import release_memory_program
 
 __all__ = ["MemoryOptimizeError", "MemoryReport", "memory_optimize", "release_memory"]

@@ -14,7 +14,7 @@ from ir.errors import FlotillaError
 
 
 class DispatchError(FlotillaError):
-    code = "E720"
+    code = "E719"
 
 
 def _name(item: Any) -> str:

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import ir
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
+from flotilla.fluid.param_attr import ParamAttr
 from ir.errors import IRError
-from ir.initializer import Uniform
+from flotilla.fluid.initializer import Uniform
 from ir.names import unique_name
 
 NUM_DENSE = 13
@@ -72,14 +73,14 @@ def build_model(hash_dim: int, embedding_dim: int = 16, hidden: Sequence[int] = 
 
         deep_emb = layers.embedding(
             sparse, size=[hash_dim, embedding_dim], is_sparse=True, is_distributed=is_distributed,
-            param_attr=ir.ParamAttr(name="deep_embedding", initializer=Uniform(-0.05, 0.05)))
+            param_attr=ParamAttr(name="deep_embedding", initializer=Uniform(-0.05, 0.05)))
         deep = layers.concat([layers.reshape(deep_emb, [-1, NUM_SPARSE * embedding_dim]), dense], axis=1)
         for width in hidden:
             deep = layers.fc(deep, width, act="relu")
 
         wide_emb = layers.embedding(
             sparse, size=[hash_dim, 1], is_sparse=True,
-            param_attr=ir.ParamAttr(name="wide_embedding", initializer=Uniform(-0.05, 0.05)))
+            param_attr=ParamAttr(name="wide_embedding", initializer=Uniform(-0.05, 0.05)))
         wide = layers.sequence_pool(wide_emb, "sum")
 
         predict = layers.fc([deep, wide], 2, act="softmax")

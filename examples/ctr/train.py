@@ -11,7 +11,7 @@ program over the test file and prints ``test AUC: 0.xxx``. The test program runs
 AUC statistics start at zero, so the training statistics are left as they were. ``main(argv)`` returns
 the figures as a dict.
 
-Distributed: the role comes from the environment (``examples/cluster.py``), so under
+Distributed: the role comes from the environment (``flotilla.cluster``), so under
 ``flotilla launch --server_num 2 --worker_num 2 examples/ctr/train.py ...`` the same script is every
 pserver and every trainer. A pserver serves until every trainer has completed and returns ``{}``. Each
 trainer trains on its shard of the batches (batch ``i`` goes to trainer ``i % trainers``), tags its
@@ -38,7 +38,7 @@ if __package__ in (None, ""):
 import ir  # noqa: E402
 import runtime  # noqa: E402
 from ir.errors import FlotillaError  # noqa: E402
-from examples import cluster  # noqa: E402
+from flotilla import cluster  # noqa: E402
 from examples.ctr import data  # noqa: E402
 from examples.ctr.model import OPTIMIZERS, CTRModel, build_model  # noqa: E402
 

@@ -1,2 +1,2 @@
-"""Plain-JAX models captured as Flotilla Programs (``runtime.capture``): an MLP, an embedding + pooling
+"""Plain-JAX models captured as Flotilla Programs (``flotilla.jax``): an MLP, an embedding + pooling
 CTR model and a 2-layer Transformer encoder, with their initial parameters and batch generators."""

@@ -159,6 +159,6 @@ def reference_train(loss_fn: Callable[..., Any], params: Params, batches: list[B
 
 def named(params: Params) -> dict[str, np.ndarray]:
     """Parameters by pytree path, as capture names them."""
-    from runtime.capture import leaf_names
+    from flotilla.jax import leaf_names
 
     return {n: np.asarray(v) for n, v in leaf_names(params)}

@@ -2,8 +2,8 @@
 ``python examples/jax_capture/train.py [--steps S] [--batch-size B] [--lr LR] [--seed SEED] [--print-program]``.
 
 The model is ``examples/jax_capture/models.py``'s ``transformer_loss(params, batch)``: no Flotilla API.
-``runtime.capture.capture`` traces it into main and startup Programs (Adam appended), which run through
-``runtime.Executor`` like any other program. Distributed like every example (``examples/cluster.py``):
+``flotilla.jax.capture`` traces it into main and startup Programs (Adam appended), which run through
+``runtime.Executor`` like any other program. Distributed like every example (``flotilla.cluster``):
 ``flotilla launch --nproc_per_node 2 examples/jax_capture/train.py`` trains it with allreduce (nccl2),
 ``--server_num/--worker_num`` on parameter servers (the token embedding then is a distributed table).
 Each trainer prints ``step, loss`` lines and, at the end, ``final loss: x.xxxx``. ``main(argv)`` returns
@@ -20,10 +20,10 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import runtime  # noqa: E402
-from examples import cluster  # noqa: E402
+from flotilla import cluster  # noqa: E402
 from examples.jax_capture import models  # noqa: E402
-from ir import optimizer  # noqa: E402
-from runtime.capture import capture  # noqa: E402
+from flotilla.fluid import optimizer  # noqa: E402
+from flotilla.jax import capture  # noqa: E402
 from runtime.role import role_from_env  # noqa: E402
 
 

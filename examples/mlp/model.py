@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import ir
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.names import unique_name
 
 

@@ -7,7 +7,7 @@ end, the accuracy of the forward-only test program on a held-out draw: ``test ac
 ``main(argv)`` returns the figures as a dict (the tests call it).
 
 Distributed (``flotilla launch --server_num 2 --worker_num 2 examples/mlp/train.py``): the role comes
-from the environment (``examples/cluster.py``); a pserver serves until every trainer has completed and
+from the environment (``flotilla.cluster``); a pserver serves until every trainer has completed and
 returns ``{}``; each trainer trains on its shard of the batches (batch ``i`` goes to trainer
 ``i % trainers``), tags its lines ``trainer <id>: ``, evaluates with the parameters it last received,
 and closes its executor.
@@ -26,7 +26,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import runtime  # noqa: E402
-from examples import cluster  # noqa: E402
+from flotilla import cluster  # noqa: E402
 from examples.mlp import data  # noqa: E402
 from examples.mlp.model import build_model  # noqa: E402
 

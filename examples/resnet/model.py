@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import ir
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.names import unique_name
-from ir.regularizer import L2Decay
+from flotilla.fluid.regularizer import L2Decay
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,7 @@ forward-only test program on a held-out draw: ``test accuracy: 0.xxx``. ``main(a
 figures as a dict (the tests call it); ``build(args)`` and ``batches(args, ...)`` are what a benchmark
 needs to time a training step (``bench/collective_bench.py``).
 
-Distributed, like every example (``examples/cluster.py``): the role comes from the environment that
-``flotilla launch`` sets (``--nproc_per_node 2`` for collective training, ``--server_num/--worker_num``
-for a parameter-server job); a pserver serves until every trainer has completed and returns ``{}``; each
-trainer trains ``--steps`` steps on its shard of the batch stream (batch ``i`` goes to trainer
-``i % trainers``), tags its lines ``trainer <id>: ``, evaluates, and closes its executor.
+Distributed like every example: see ``examples/classifier_loop.py``.
 """
 from __future__ import annotations
 
@@ -28,29 +24,20 @@ if __package__ in (None, ""):
 
 import ir  # noqa: E402
 import runtime  # noqa: E402
-from examples import classifier_loop, cluster  # noqa: E402
+from examples import classifier_loop  # noqa: E402
 from examples.resnet import data  # noqa: E402
 from examples.resnet.model import ResNetModel, build_model  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="Train a small ResNet on generated CIFAR-sized images.")
-    ap.add_argument("--steps", type=int, default=50, help="training steps per trainer")
-    ap.add_argument("--batch-size", type=int, default=32, help="examples a step, per trainer")
+    ap = classifier_loop.argument_parser("Train a small ResNet on generated CIFAR-sized images.")
     ap.add_argument("--depth", type=int, default=8, help="ResNet depth, 6n + 2 (8, 14, 20, ...)")
     ap.add_argument("--width", type=int, default=16, help="channels of the first stage (doubled twice)")
     ap.add_argument("--lr", type=float, default=0.05, help="Momentum learning rate")
     ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--test-size", type=int, default=512, help="generated held-out examples")
-    ap.add_argument("--log-every", type=int, default=5, help="steps between progress lines")
-    ap.add_argument("--seed", type=int, default=0, help="seeds the data (the programs initialise alike)")
-    cluster.add_arguments(ap)
-    args = ap.parse_args(argv)
+    args = classifier_loop.parse_args(ap, argv, positive=("width",))
     if args.depth < 8 or (args.depth - 2) % 6:
         ap.error(f"--depth must be 6n + 2 with n >= 1 (8, 14, 20, ...), got {args.depth}")
-    for name in ("steps", "batch_size", "width", "test_size", "log_every"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
 
 

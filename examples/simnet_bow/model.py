@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import ir
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 
 FEEDS = ("query", "pos_title", "neg_title")
 

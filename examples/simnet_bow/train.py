@@ -10,7 +10,7 @@ positive title scores above the negative one): ``test pairwise accuracy: 0.xxx``
 the figures as a dict.
 
 Distributed (``flotilla launch --server_num 2 --worker_num 2 examples/simnet_bow/train.py``): the role
-comes from the environment (``examples/cluster.py``); a pserver serves until every trainer has completed
+comes from the environment (``flotilla.cluster``); a pserver serves until every trainer has completed
 and returns ``{}``; each trainer trains on its shard of the batches (batch ``i`` goes to trainer
 ``i % trainers``), tags its lines ``trainer <id>: ``, evaluates with the parameters it last received,
 and closes its executor.
@@ -29,7 +29,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import runtime  # noqa: E402
-from examples import cluster  # noqa: E402
+from flotilla import cluster  # noqa: E402
 from examples.simnet_bow import data  # noqa: E402
 from examples.simnet_bow.model import build_model  # noqa: E402
 

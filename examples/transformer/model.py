@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import ir
-from ir import layers, optimizer
-from ir.initializer import Normal
+from flotilla.fluid import layers, optimizer
+from flotilla.fluid.initializer import Normal
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 
 
 @dataclass(frozen=True)

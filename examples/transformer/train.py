@@ -9,11 +9,7 @@ examples/s) and, at the end, the accuracy of the forward-only test program on a 
 ``build(args)`` and ``batches(args, ...)`` are what a benchmark needs to time a training step
 (``bench/collective_bench.py``).
 
-Distributed, like every example (``examples/cluster.py``): the role comes from the environment that
-``flotilla launch`` sets (``--nproc_per_node 2`` for collective training, ``--server_num/--worker_num``
-for a parameter-server job); a pserver serves until every trainer has completed and returns ``{}``; each
-trainer trains ``--steps`` steps on its shard of the batch stream (batch ``i`` goes to trainer
-``i % trainers``), tags its lines ``trainer <id>: ``, evaluates, and closes its executor.
+Distributed like every example: see ``examples/classifier_loop.py``.
 """
 from __future__ import annotations
 
@@ -29,29 +25,20 @@ if __package__ in (None, ""):
 
 import ir  # noqa: E402
 import runtime  # noqa: E402
-from examples import classifier_loop, cluster  # noqa: E402
+from examples import classifier_loop  # noqa: E402
 from examples.transformer import data  # noqa: E402
 from examples.transformer.model import TransformerModel, build_model  # noqa: E402
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="Train a Transformer-encoder classifier on generated token sequences.")
-    ap.add_argument("--steps", type=int, default=50, help="training steps per trainer")
-    ap.add_argument("--batch-size", type=int, default=32, help="examples a step, per trainer")
+    ap = classifier_loop.argument_parser("Train a Transformer-encoder classifier on generated token sequences.")
     ap.add_argument("--layers", type=int, default=2, help="encoder layers")
     ap.add_argument("--d-model", type=int, default=64, help="model width")
     ap.add_argument("--heads", type=int, default=4, help="attention heads (must divide --d-model)")
     ap.add_argument("--d-ff", type=int, default=256, help="feed-forward width")
     ap.add_argument("--dropout", type=float, default=0.1, help="dropout probability (0 disables dropout)")
     ap.add_argument("--lr", type=float, default=0.002, help="Adam learning rate")
-    ap.add_argument("--test-size", type=int, default=512, help="generated held-out examples")
-    ap.add_argument("--log-every", type=int, default=5, help="steps between progress lines")
-    ap.add_argument("--seed", type=int, default=0, help="seeds the data (the programs initialise alike)")
-    cluster.add_arguments(ap)
-    args = ap.parse_args(argv)
-    for name in ("steps", "batch_size", "layers", "d_model", "heads", "d_ff", "test_size", "log_every"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    args = classifier_loop.parse_args(ap, argv, positive=("layers", "d_model", "heads", "d_ff"))
     if args.d_model % args.heads:
         ap.error(f"--heads {args.heads} must divide --d-model {args.d_model}")
     if not 0.0 <= args.dropout < 1.0:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import ir
-from ir import layers, optimizer
-from ir.initializer import Constant, Uniform
+from flotilla.fluid import layers, optimizer
+from flotilla.fluid.param_attr import ParamAttr
+from flotilla.fluid.initializer import Constant, Uniform
 from ir.names import unique_name
 
 
@@ -37,10 +38,10 @@ def build_model(vocab_size: int, dim: int = 32, num_neg: int = 5, learning_rate:
         label = layers.data("label", [1 + num_neg], dtype="float32")
         center_vec = layers.embedding(
             center, size=[vocab_size, dim], is_sparse=True,
-            param_attr=ir.ParamAttr(name="emb_in", initializer=Uniform(-0.5 / dim, 0.5 / dim)))
+            param_attr=ParamAttr(name="emb_in", initializer=Uniform(-0.5 / dim, 0.5 / dim)))
         context_vecs = layers.embedding(
             context, size=[vocab_size, dim], is_sparse=True,
-            param_attr=ir.ParamAttr(name="emb_out", initializer=Constant(0.0)))
+            param_attr=ParamAttr(name="emb_out", initializer=Constant(0.0)))
         logits = layers.matmul(context_vecs, layers.reshape(center_vec, [-1, dim, 1]))
         logits = layers.reshape(logits, [-1, 1 + num_neg])
         xent = layers.sigmoid_cross_entropy_with_logits(logits, label)

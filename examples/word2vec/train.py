@@ -8,7 +8,7 @@ same topic and of different topics: training should pull the first well above th
 ``main(argv)`` returns the figures as a dict.
 
 Distributed (``flotilla launch --server_num 2 --worker_num 2 examples/word2vec/train.py``): the role
-comes from the environment (``examples/cluster.py``); a pserver serves until every trainer has completed
+comes from the environment (``flotilla.cluster``); a pserver serves until every trainer has completed
 and returns ``{}``; each trainer trains on its shard of the batches (batch ``i`` goes to trainer
 ``i % trainers``), tags its lines ``trainer <id>: ``, measures the similarities on the vectors it last
 received from the pservers, and closes its executor.
@@ -27,7 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import runtime  # noqa: E402
-from examples import cluster  # noqa: E402
+from flotilla import cluster  # noqa: E402
 from ir.errors import FlotillaError  # noqa: E402
 from examples.word2vec import data  # noqa: E402
 from examples.word2vec.model import build_model  # noqa: E402

@@ -92,5 +92,5 @@ class ParameterServerFleet(Fleet):
         from runtime.executor import live_executors
 
         for exe in live_executors():
-            if getattr(exe, "_rpc_clients", None):
+            if exe.rpc_session.active:
                 exe.close()

@@ -1,10 +1,14 @@
-"""``from flotilla import fluid``: the names a Fluid 1.5 script touches, in one namespace.
+"""``from flotilla import fluid``: the Fluid 1.5 front end, and the names a Fluid 1.5 script touches.
 
 A Fluid 1.5 script runs by changing its import line alone (``import paddle.fluid as fluid`` →
-``from flotilla import fluid``). Everything is re-exported from ``ir``, ``runtime`` and ``transpiler``;
-nothing is written twice. The submodules ``layers`` (with the learning-rate schedules), ``optimizer``,
-``regularizer``, ``clip``, ``initializer``, ``io`` and ``transpiler`` are real modules, so
-``from flotilla.fluid.layers import fc`` works too.
+``from flotilla import fluid``). The program builder lives here: ``layers`` (with the learning-rate
+schedules of ``learning_rate``), ``layer_helper``, ``param_attr``, ``initializer``, ``optimizer``,
+``regularizer`` and ``clip``, with what the optimizer side shares in ``spec``. It builds ``ir`` programs
+and imports only ``ir``: building a program needs no jax or grpc.
+
+The rest is re-exported from ``runtime`` and ``transpiler`` (``Executor``, ``CPUPlace``, ``DataFeeder``,
+``DistributeTranspiler``, the submodules ``io`` and ``transpiler``...) and imported on first use, so
+``import flotilla.fluid`` stays jax-free until a script touches the runtime.
 
 The one behaviour that differs from the native API: ``fluid.DistributeTranspiler`` follows Fluid's
 in-place rule (``transpile`` rewrites the main and startup programs it is given, or the defaults, into
@@ -17,20 +21,37 @@ that runs a program handed to a native ``transpile`` instead of its result stops
 """
 from __future__ import annotations
 
-import runtime  # noqa: F401  (enables 64-bit JAX types and registers every kernel)
-from flotilla.fluid import clip, initializer, io, layers, optimizer, regularizer, transpiler
-from flotilla.fluid.transpiler import (DistributeTranspiler, DistributeTranspilerConfig, memory_optimize,
-                                       release_memory)
+import importlib
+from typing import Any
+
+from flotilla.fluid import clip, initializer, layers, learning_rate, optimizer, regularizer
+from flotilla.fluid.param_attr import ParamAttr
 from ir.backward import append_backward
-from ir.core import (Parameter, Program, Variable, default_main_program, default_startup_program, program_guard)
+from ir.core import Parameter, Program, Variable, default_main_program, default_startup_program, program_guard
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
-from runtime.executor import Executor
-from runtime.lod import DataFeeder, LoDTensor, create_lod_tensor
-from runtime.place import CPUPlace, CUDAPlace
-from runtime.scope import Scope, global_scope, scope_guard
-from flotilla.parallel_executor import ParallelExecutor
-from transpiler.compiled_program import BuildStrategy, CompiledProgram, ExecutionStrategy
+
+# name → module it comes from, imported on first access (``runtime`` brings jax; ``transpiler`` the passes)
+_LAZY = {
+    "io": "flotilla.fluid.io",
+    "transpiler": "flotilla.fluid.transpiler",
+    "DistributeTranspiler": "flotilla.fluid.transpiler",
+    "DistributeTranspilerConfig": "flotilla.fluid.transpiler",
+    "memory_optimize": "flotilla.fluid.transpiler",
+    "release_memory": "flotilla.fluid.transpiler",
+    "BuildStrategy": "transpiler.compiled_program",
+    "CompiledProgram": "transpiler.compiled_program",
+    "ExecutionStrategy": "transpiler.compiled_program",
+    "Executor": "runtime.executor",
+    "DataFeeder": "runtime.lod",
+    "LoDTensor": "runtime.lod",
+    "create_lod_tensor": "runtime.lod",
+    "CPUPlace": "runtime.place",
+    "CUDAPlace": "runtime.place",
+    "Scope": "runtime.scope",
+    "global_scope": "runtime.scope",
+    "scope_guard": "runtime.scope",
+    "ParallelExecutor": "flotilla.parallel_executor",
+}
 
 __all__ = [
     "BuildStrategy", "CPUPlace", "CUDAPlace", "CompiledProgram", "DataFeeder", "DistributeTranspiler",
@@ -40,3 +61,17 @@ __all__ = [
     "memory_optimize", "optimizer", "program_guard", "regularizer", "release_memory", "scope_guard", "transpiler",
     "unique_name",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    value = module if module_name == f"{__name__}.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

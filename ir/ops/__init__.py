@@ -19,10 +19,12 @@ from ir.ops.registry import (
     find_op_def,
     get_op_def,
     has_op,
+    op_has_trait,
 )
 from ir.ops import math, nn, optimizer, rpc, collective, io, jax_function  # noqa: F401  (registration side effect)
 
 __all__ = [
     "A", "AttrDef", "AttrKind", "BlockRef", "DefaultGrad", "InferContext", "NO_GRAD", "OpDef", "OpSpec", "Slot",
-    "VarInfo", "all_op_defs", "defop", "find_op_def", "get_op_def", "has_op", "registry",
+    "VarInfo", "all_op_defs", "defop", "find_op_def", "get_op_def", "has_op", "op_has_trait",
+    "registry",
 ]

@@ -3,7 +3,9 @@
 Invariants:
 - Every op here has the ``collective`` trait; ``gen_nccl_id`` also ``host`` and ``side_effect`` (it
   sets up the communicator across processes before training), while ``c_allreduce_sum`` and
-  ``c_broadcast`` lower to XLA collectives inside the compiled step.
+  ``c_broadcast`` lower to XLA collectives inside the compiled step. ``c_allreduce_sum`` and
+  ``c_local_sgd`` are also ``replica_reduce`` (they keep the replicas' training in step; ``c_broadcast``
+  only copies the startup parameters from root).
 - ``NCCLID`` is a ``raw`` variable (shape ``[]``, ``ir.ops.shapes.RAW_INFO``); collectives keep
   their input's shape, dtype and type. No op here is differentiated (``NO_GRAD``).
 - ``c_allreduce_sum`` takes several variables at once (a fused bucket: one collective for all of
@@ -58,7 +60,7 @@ defop(
     ],
     infer=_infer_each,
     grad=NO_GRAD,
-    traits=("collective",),
+    traits=("collective", "replica_reduce"),
     doc="Out[i] = the sum of X[i] over every rank (several X: one fused collective; selected rows gather)",
 )
 
@@ -89,6 +91,6 @@ defop(
     ],
     infer=_infer_local_sgd,
     grad=NO_GRAD,
-    traits=("collective",),
+    traits=("collective", "replica_reduce"),
     doc="StepOut = Step + 1; every k_steps-th call ParamOut = the mean of Param over every rank, else Param",
 )

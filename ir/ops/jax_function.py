@@ -1,4 +1,4 @@
-"""Op schemas of the JAX capture front end (``runtime.capture``): the opaque ``jax_function`` op and
+"""Op schemas of the JAX capture front end (``flotilla.jax``): the opaque ``jax_function`` op and
 ``load_value``, the startup op that initialises a captured parameter from the values it was given.
 
 Invariants:

@@ -8,6 +8,10 @@ fails at import.
 
 Gradient ops produced by ``DefaultGrad`` (``<type>_grad``) are registered automatically from the
 forward definition, so each op is still declared once.
+
+Traits (``TRAITS``, each explained there) are how the rest of the code finds a family of ops
+(``op_has_trait``): a pass or the runtime never keeps its own list of op types, so a new op joins every
+such place by declaring its traits. An op with ``trainer_rpc`` must declare ``trainer_id``.
 """
 from __future__ import annotations
 
@@ -31,7 +35,11 @@ TRAITS = frozenset(
         "side_effect",  # must not be removed or reordered even if its outputs look unused
         "optimizer",  # updates a parameter in place (ParamOut aliases Param)
         "rpc",  # talks to other processes; runs on the host
-        "collective",  # a cross-process collective (lowers to an XLA collective)
+        "trainer_rpc",  # an rpc a trainer makes to its pservers: declares ``trainer_id`` (whose call it is)
+        "collective",  # a cross-process collective; without ``host`` it lowers to an XLA collective inside
+        #                the compiled step and needs a replica group of ``nranks`` ranks to run
+        "replica_reduce",  # combines every replica's values each step (sums gradients, averages parameters):
+        #                    a main program holding one is already data parallel, not to be rewritten again
         "host",  # runs on the host between compiled runs (not traceable by jax.jit)
         "random",  # draws random numbers; takes a ``seed`` attribute
         "grad",  # a gradient op made by a gradient maker
@@ -299,6 +307,9 @@ def defop(
     attr_names = [a.name for a in attr_defs]
     if len(set(attr_names)) != len(attr_names):
         raise RegistryError(f"op {type!r} declares an attribute twice: {attr_names}")
+    if "trainer_rpc" in traits and "trainer_id" not in attr_names:
+        raise RegistryError(f"op {type!r} has the trait trainer_rpc but no trainer_id attribute",
+                            hint="a trainer's rpc says which trainer makes it: declare trainer_id")
     for a in attr_defs:
         if a.default is not REQUIRED:
             problem = check_attr_value(a.kind, a.default)
@@ -385,6 +396,13 @@ def get_op_def(op_type: str) -> OpDef:
 
 def find_op_def(op_type: str) -> OpDef | None:
     return _REGISTRY.get(op_type)
+
+
+def op_has_trait(op_type: str, trait: str) -> bool:
+    """Whether ``op_type`` is registered with ``trait`` (an unregistered type has none): what a pass or the
+    runtime asks instead of keeping its own list of op types."""
+    op_def = _REGISTRY.get(op_type)
+    return op_def is not None and trait in op_def.traits
 
 
 def has_op(op_type: str) -> bool:

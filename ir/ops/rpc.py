@@ -4,7 +4,9 @@ the parameter-server transpiler puts around them.
 Invariants:
 - Network ops (``send``, ``recv``, the barriers, ``prefetch``, ``listen_and_serv``, ``checkpoint_notify``,
   Geo-SGD's ``geo_sync`` and ``geo_table_init``) have the traits ``rpc``, ``host`` and ``side_effect``:
-  they run on the host between compiled runs and are never removed or reordered. ``split_selected_rows``, ``split_ids``
+  they run on the host between compiled runs and are never removed or reordered. Those a trainer makes to
+  its pservers with its ``trainer_id`` (all but ``listen_and_serv`` and ``checkpoint_notify``) are also
+  ``trainer_rpc``: a program holding one is a transpiled trainer program. ``split_selected_rows``, ``split_ids``
   and ``merge_ids`` run on the host (``host`` only); ``split_byref`` is pure computation.
   ``lookup_sparse_table`` may grow its table (``auto_grown_table``), so it is ``host`` and
   ``side_effect``. No op here is differentiated (``NO_GRAD``).
@@ -27,6 +29,7 @@ from ir.ops.registry import A, AttrKind as K, InferContext, NO_GRAD, VarInfo, de
 from ir.ops.shapes import set_raw
 
 NETWORK_TRAITS = ("rpc", "host", "side_effect")
+TRAINER_NETWORK_TRAITS = NETWORK_TRAITS + ("trainer_rpc",)
 DEFAULT_ENDPOINT = "127.0.0.1:6164"
 
 
@@ -66,7 +69,7 @@ defop(
     ],
     infer=_infer_send,
     grad=NO_GRAD,
-    traits=NETWORK_TRAITS,
+    traits=TRAINER_NETWORK_TRAITS,
     doc="send each X to its pserver; Out are control-dependency (raw) variables",
 )
 
@@ -91,7 +94,7 @@ defop(
     ],
     infer=_infer_recv,
     grad=NO_GRAD,
-    traits=NETWORK_TRAITS,
+    traits=TRAINER_NETWORK_TRAITS,
     doc="fetch each Out from its pserver; X are control-dependency (raw) variables; Out keep their declared shapes",
 )
 
@@ -106,7 +109,7 @@ defop(
     ],
     infer=lambda ctx: set_raw(ctx, "Out"),
     grad=NO_GRAD,
-    traits=NETWORK_TRAITS,
+    traits=TRAINER_NETWORK_TRAITS,
     doc="tell every pserver this trainer sent all its gradients of the step",
 )
 
@@ -120,7 +123,7 @@ defop(
     ],
     infer=lambda ctx: set_raw(ctx, "Out"),
     grad=NO_GRAD,
-    traits=NETWORK_TRAITS,
+    traits=TRAINER_NETWORK_TRAITS,
     doc="tell every pserver this trainer fetched all its parameters of the step",
 )
 
@@ -252,7 +255,7 @@ defop(
     ],
     infer=_infer_prefetch,
     grad=NO_GRAD,
-    traits=NETWORK_TRAITS,
+    traits=TRAINER_NETWORK_TRAITS,
     doc="fetch the rows of a distributed table for each id shard X into Out",
 )
 
@@ -431,7 +434,7 @@ defop(
     ],
     infer=_infer_geo_sync,
     grad=NO_GRAD,
-    traits=NETWORK_TRAITS,
+    traits=TRAINER_NETWORK_TRAITS,
     doc="Geo-SGD: count the step (Step) and mark the table rows looked up (TableIds into Touched); every "
         "push_nums-th step, send each block's change since the last sync (X - Snapshot) and the touched table "
         "rows' change (Table - TableSnapshot) to their pservers, then fetch the merged blocks into Out (= X) and "
@@ -466,7 +469,7 @@ defop(
     ],
     infer=_infer_geo_table_init,
     grad=NO_GRAD,
-    traits=NETWORK_TRAITS,
+    traits=TRAINER_NETWORK_TRAITS,
     doc="Geo-SGD trainer startup: fetch every shard of the distributed table, interleave them into Table, copy "
         "it into TableSnapshot and clear Touched",
 )

@@ -1,8 +1,8 @@
 """Kernels of the parameter-server ops: the trainer's network ops, the split/merge helpers around
 them, and the pserver's ``listen_and_serv`` and ``lookup_sparse_table``.
 
-Network kernels talk through the executor's ``RPCClient`` for the op's ``trainer_id``
-(``runtime.rpc.client.client_for``). ``split_byref`` is an ordinary JAX kernel; the other helpers run on
+Network kernels talk through the executor's ``RPCClient`` for the op's ``trainer_id`` and remember
+what batches across ops in its ``TrainerKernelState`` (both in ``Executor.rpc_session``). ``split_byref`` is an ordinary JAX kernel; the other helpers run on
 the host because their output sizes depend on the data (ids, rows).
 
 Distributed lookup tables shard ids by ``id % n`` over the ``n`` pservers: ``split_ids`` de-duplicates
@@ -23,25 +23,31 @@ import jax.numpy as jnp
 import numpy as np
 
 from ir.core import Operator, Program
+from ir.dist_info import distributed_role
 from runtime.flags import flag
 from runtime.kernels.registry import host_kernel, kernel, one
 from runtime.rows import gather_rows, set_rows
+from runtime.rpc.session import TrainerKernelState
 from runtime.scope import ExecutionError, SelectedRows
 
 
 def _client(ctx: Any, op: Operator) -> Any:
     """The executor's client for the op's trainer, announced to every pserver ``ctx.program`` talks to
     (all at once, so a restarted trainer joins every pserver at the same step)."""
-    from runtime.io import distributed_role
-    from runtime.rpc.client import client_for
-
-    client = client_for(ctx.executor, int(op.attr("trainer_id")))
+    trainer_id = int(op.attr("trainer_id"))
+    client = ctx.executor.rpc_session.client(trainer_id)
+    announced = _state(ctx, op).announced_programs
     key = (id(ctx.program), ctx.program.version)
-    if key not in client.announced_programs:
+    if key not in announced:
         dist = distributed_role(ctx.program)
-        client.announce(dist[2] if dist is not None and dist[0] == "trainer" else [])
-        client.announced_programs.add(key)
+        client.announce(dist.endpoints if dist is not None and dist.kind == "trainer" else [])
+        announced.add(key)
     return client
+
+
+def _state(ctx: Any, op: Operator) -> TrainerKernelState:
+    """What these kernels remember between ops for the op's trainer (its executor's session holds it)."""
+    return ctx.executor.rpc_session.kernel_state(int(op.attr("trainer_id")))
 
 
 def _value(ctx: Any, name: str, op: Operator) -> Any:
@@ -66,7 +72,7 @@ def send(ctx: Any, op: Operator) -> None:
     client = _client(ctx, op)
     for name, endpoint in zip(op.input("X"), op.attr("epmap")):
         client.send(endpoint, name, _value(ctx, name, op))
-    if _runs(ctx, client).run_of(op)[-1] is op:
+    if _runs(ctx, op).run_of(op)[-1] is op:
         client.flush()
 
 
@@ -79,11 +85,11 @@ def recv(ctx: Any, op: Operator) -> None:
 
     In an async trainer program (sends, no barriers) the fetch is the client's background ``pull``:
     the values are at most ``FLAGS_communicator_max_staleness`` steps behind this trainer's sends."""
-    client = _client(ctx, op)
-    if id(op) in client.recv_ahead:
-        client.recv_ahead.discard(id(op))
+    client, state = _client(ctx, op), _state(ctx, op)
+    if id(op) in state.recv_ahead:
+        state.recv_ahead.discard(id(op))
         return
-    runs = _runs(ctx, client)
+    runs = _runs(ctx, op)
     group = runs.run_of(op) if runs.run_of(op)[0] is op else [op]
     for r in group:
         if r.attr("recv_varnames"):
@@ -98,7 +104,7 @@ def recv(ctx: Any, op: Operator) -> None:
     if values is not None:
         for (_, name), value in zip(pairs, values):
             ctx.scope.set_var(name, value)
-    client.recv_ahead = {id(r) for r in group[1:]}
+    state.recv_ahead = {id(r) for r in group[1:]}
 
 
 class _BlockRuns:
@@ -125,9 +131,9 @@ class _BlockRuns:
         return self._runs.get(id(op)) or [op]
 
 
-def _runs(ctx: Any, client: Any) -> _BlockRuns:
-    """The runs of ``ctx.block``, cached on the client per program version and block."""
-    per_program = client.op_runs.setdefault(ctx.program, {})
+def _runs(ctx: Any, op: Operator) -> _BlockRuns:
+    """The runs of ``ctx.block``, cached in the op's trainer state per program version and block."""
+    per_program = _state(ctx, op).op_runs.setdefault(ctx.program, {})
     key = (ctx.program.version, ctx.block.idx)
     runs = per_program.get(key)
     if runs is None:

@@ -1,4 +1,5 @@
-"""The trainer's side of the protocol: one ``RPCClient`` per (Executor, trainer id).
+"""The trainer's side of the protocol: one ``RPCClient`` per (Executor, trainer id), held by the
+Executor's ``runtime.rpc.session.RPCSession``.
 
 The RPC kernels (``runtime.kernels.rpc``) call it. One round trip per pserver per step: ``send`` only
 queues a gradient; ``flush`` (the send kernel calls it after the last send op of a run) puts the queue
@@ -38,7 +39,6 @@ import collections
 import secrets
 import threading
 import time
-import weakref
 from concurrent import futures
 from typing import Any, Callable, Iterable, Sequence
 
@@ -113,12 +113,6 @@ class RPCClient:
         self._metadata = (("authorization", f"Bearer {self.security.token}"),) if self.security.token else None
         self.incarnation = incarnation if incarnation is not None else secrets.randbits(63) | 1
         self._joined = False
-        self.announced_programs: set[tuple[int, int]] = set()
-        # The kernels' batching (runtime.kernels.rpc): per program (weakly: a dead program's ids must
-        # never match a new one's), per (version, block index), each network op's run of consecutive ops.
-        # ``recv_ahead``: the recv ops whose blocks their run's first op fetched.
-        self.op_runs: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], Any]]" = weakref.WeakKeyDictionary()
-        self.recv_ahead: set[int] = set()
         self.deadline = deadline if deadline is not None else flag("FLAGS_rpc_deadline") / 1000.0
         self.retries = retries if retries is not None else flag("FLAGS_rpc_retry_times")
         self.max_message = max_message
@@ -418,15 +412,3 @@ def _wait_all(pending: Sequence[futures.Future[Any]]) -> None:
             errors.append(e)
     if errors:
         raise errors[0]
-
-
-def client_for(executor: Any, trainer_id: int) -> RPCClient:
-    """The executor's client for ``trainer_id`` (made on first use; ``executor.close()`` closes it)."""
-    clients: dict[int, RPCClient] | None = getattr(executor, "_rpc_clients", None)
-    if clients is None:
-        clients = executor._rpc_clients = {}
-    client = clients.get(trainer_id)
-    if client is None:
-        client = clients[trainer_id] = RPCClient(trainer_id)
-        executor.add_close_hook(client.close)
-    return client

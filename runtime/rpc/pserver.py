@@ -83,13 +83,11 @@ import numpy as np
 
 from ir.core import Operator, Program, Variable
 from ir.errors import FlotillaError
-from ir.names import dc_asgd_backup_name, geo_updates_name
+from ir.names import TRAINER_ID_VAR, dc_asgd_backup_name, geo_updates_name
 from ir.ops.registry import suggest
 from runtime.rows import gather_rows, padded_size
 from runtime.rpc.wire import Decoded, encode_variable
 from runtime.scope import Scope, SelectedRows
-
-TRAINER_ID_VAR = "@TRAINER_ID@"
 
 
 class Status(enum.Enum):

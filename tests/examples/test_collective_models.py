@@ -27,7 +27,7 @@ from examples.resnet.model import basic_block, conv_bn
 from examples.transformer import data as transformer_data
 from examples.transformer import train as transformer_train
 from examples.transformer.model import encoder_layer
-from ir import layers
+from flotilla.fluid import layers, optimizer
 from ir.backward import append_backward
 from ir.names import unique_name
 
@@ -171,7 +171,7 @@ def test_batch_norm_moving_stats_update_in_place_and_feed_the_test_program() -> 
         y = layers.batch_norm(x, momentum=0.5)
         out = layers.mean(y)
         test = main.clone(for_test=True)
-        ir.optimizer.SGD(learning_rate=0.1).minimize(out)
+        optimizer.SGD(learning_rate=0.1).minimize(out)
     (bn,) = [op for op in main.global_block().ops if op.type == "batch_norm"]
     mean_name, var_name = bn.input("Mean")[0], bn.input("Variance")[0]
     assert bn.output("MeanOut") == [mean_name] and bn.output("VarianceOut") == [var_name]

@@ -27,7 +27,7 @@ import re
 import pytest
 
 import ir
-from examples import cluster
+from flotilla import cluster
 from examples.ctr import data as ctr_data
 from examples.ctr.model import build_model
 from ir.roles import OpRole

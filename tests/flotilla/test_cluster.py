@@ -1,15 +1,9 @@
-"""``flotilla.cluster`` is the role helper a user's project imports; ``examples/cluster.py`` re-exports it."""
+"""``flotilla.cluster`` is the role helper a user's project (and every example) imports."""
 from __future__ import annotations
 
 import ir
-from examples import cluster as examples_cluster
 from flotilla import cluster
 from runtime.role import Role
-
-
-def test_examples_cluster_re_exports_flotilla_cluster() -> None:
-    for name in examples_cluster.__all__:
-        assert getattr(examples_cluster, name) is getattr(cluster, name)
 
 
 def test_local_and_collective_roles() -> None:

@@ -116,6 +116,6 @@ def test_in_place_programs_carry_no_mark() -> None:
     the same program is dropped by a later in-place transpile)."""
     main, startup = build()
     transpiler.DistributeTranspiler().transpile(0, program=main, pservers=EPS, trainers=2, startup_program=startup)
-    assert hasattr(main, "_flotilla_run_instead") and hasattr(startup, "_flotilla_run_instead")
+    assert main.superseded_by is not None and startup.superseded_by is not None
     fluid.DistributeTranspiler().transpile(0, program=main, pservers=EPS, trainers=2, startup_program=startup)
-    assert not hasattr(main, "_flotilla_run_instead") and not hasattr(startup, "_flotilla_run_instead")
+    assert main.superseded_by is None and startup.superseded_by is None

@@ -6,12 +6,12 @@ from typing import Iterator
 import pytest
 
 import ir
-from ir import layers
+from flotilla.fluid import layers
 from ir.backward import append_backward
 from ir.core import Program, Variable
 from ir.errors import IRError
 from ir.names import EMPTY_VAR_NAME
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from ir.verify import verify
 
 
@@ -64,7 +64,7 @@ def test_basic_model_backward_ops(progs: tuple[Program, Program]) -> None:
 
 
 def test_basic_model_with_sgd_gives_fluid_op_list(progs: tuple[Program, Program]) -> None:
-    from ir import optimizer
+    from flotilla.fluid import optimizer
 
     main, startup = progs
     avg_cost = _basic_model()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import runtime
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.core import Program, program_guard
 from ir.errors import IRError
 from ir.names import unique_name

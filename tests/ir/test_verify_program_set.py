@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import ir
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
+from flotilla.fluid.param_attr import ParamAttr
 from ir.core import Program
 from ir.errors import VerifyError
 from ir.program_set import ProgramSet
@@ -36,7 +37,7 @@ def build_fc(make_opt: Callable[[], Any] = lambda: optimizer.SGD(0.1), width: in
     with ir.program_guard(main, startup):
         x = layers.data("x", [width])
         y = layers.data("y", [out])
-        pred = layers.fc(x, out, param_attr=ir.ParamAttr(name="fc_w"), bias_attr=ir.ParamAttr(name="fc_b"))
+        pred = layers.fc(x, out, param_attr=ParamAttr(name="fc_w"), bias_attr=ParamAttr(name="fc_b"))
         loss = layers.mean(layers.square_error_cost(pred, y))
         make_opt().minimize(loss)
     return main, startup

@@ -2,10 +2,10 @@
 table, concatenated with 13 dense features, one fc, square error loss."""
 from __future__ import annotations
 
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.core import Program, program_guard
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
 
 

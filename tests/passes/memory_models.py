@@ -3,17 +3,17 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.core import Program, Variable, program_guard
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 
 
 def mlp(hidden: Sequence[int] = (4, 4), in_dim: int = 8, opt: str = "sgd",
         act: str = "relu") -> tuple[Program, Program, Variable]:
     """x[in_dim] → fc(h, act) for h in ``hidden`` → fc(1) → square_error_cost → mean; parameters w<i>, b<i>
     (wo, bo for the output layer), seeded initialisers."""
-    from ir.initializer import Uniform
+    from flotilla.fluid.initializer import Uniform
 
     main, startup = Program(), Program()
     with unique_name.guard(), program_guard(main, startup):

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.core import Program, program_guard
 from ir.errors import FlotillaError
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from ir.serialize import program_to_bytes
 from ir.verify import cross_program_problems, verify, verify_program_set
 from tests.conftest import Golden

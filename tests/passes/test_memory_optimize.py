@@ -15,7 +15,8 @@ from ir.printer import format_program
 from ir.roles import OpRole
 from ir.verify import collect_problems
 from passes.liveness import block_cfg, block_liveness, fetch_targets, parameter_gradients, reuse_exclusions
-from passes.memory_optimize import MemoryOptimizeError, memory_optimize_program
+from passes.memory_optimize import memory_optimize_program
+from passes.memory_report import MemoryOptimizeError
 from passes.release_memory import release_memory_program
 from tests.passes.memory_models import control_flow_graph_model, memory_transpiler2_model, mlp, used_names
 

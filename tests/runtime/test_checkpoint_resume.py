@@ -15,8 +15,9 @@ import pytest
 
 import ir
 import runtime
-from ir import layers, learning_rate, optimizer
-from ir.initializer import Uniform
+from flotilla.fluid import layers, learning_rate, optimizer
+from flotilla.fluid.param_attr import ParamAttr
+from flotilla.fluid.initializer import Uniform
 from ir.serialize import load_program, save_program
 from runtime import io as rio
 
@@ -33,8 +34,8 @@ def build(make_optimizer: Callable[[], optimizer.Optimizer]) -> tuple[ir.Program
     with ir.program_guard(main, startup):
         x = layers.data("x", [8])
         y = layers.data("y", [4])
-        pred = layers.fc(x, 4, param_attr=ir.ParamAttr(name="w", initializer=Uniform(-0.5, 0.5, seed=1)),
-                         bias_attr=ir.ParamAttr(name="b", initializer=Uniform(-0.5, 0.5, seed=2)))
+        pred = layers.fc(x, 4, param_attr=ParamAttr(name="w", initializer=Uniform(-0.5, 0.5, seed=1)),
+                         bias_attr=ParamAttr(name="b", initializer=Uniform(-0.5, 0.5, seed=2)))
         loss = layers.mean(layers.square_error_cost(pred, y))
         make_optimizer().minimize(loss)
     return main, startup, loss.name

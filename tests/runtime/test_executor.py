@@ -13,8 +13,9 @@ import pytest
 import ir
 import runtime
 import runtime.executor as executor_module
-from ir import layers, optimizer
-from ir.initializer import Uniform
+from flotilla.fluid import layers, optimizer
+from flotilla.fluid.param_attr import ParamAttr
+from flotilla.fluid.initializer import Uniform
 from runtime import ExecutionError
 
 BATCH = 3
@@ -25,8 +26,8 @@ def build(lr: float = 0.1) -> tuple[ir.Program, ir.Program, ir.Variable]:
     with ir.program_guard(main, startup):
         x = layers.data("x", [8])
         y = layers.data("y", [4])
-        pred = layers.fc(x, 4, param_attr=ir.ParamAttr(name="w", initializer=Uniform(-0.5, 0.5, seed=1)),
-                         bias_attr=ir.ParamAttr(name="b"))
+        pred = layers.fc(x, 4, param_attr=ParamAttr(name="w", initializer=Uniform(-0.5, 0.5, seed=1)),
+                         bias_attr=ParamAttr(name="b"))
         loss = layers.mean(layers.square_error_cost(pred, y))
         optimizer.SGD(lr).minimize(loss)
     return main, startup, loss
@@ -266,7 +267,7 @@ def test_basic_model_trains() -> None:
     with ir.program_guard(main, startup):
         x = layers.data("x", [1000])
         y = layers.data("y", [1000])
-        pred = layers.fc(x, 1000, param_attr=ir.ParamAttr(name="fc_w"), bias_attr=ir.ParamAttr(name="fc_b"))
+        pred = layers.fc(x, 1000, param_attr=ParamAttr(name="fc_w"), bias_attr=ParamAttr(name="fc_b"))
         loss = layers.mean(layers.square_error_cost(pred, y))
         optimizer.SGD(0.1).minimize(loss)
     exe, scope = runtime.Executor(), runtime.Scope()

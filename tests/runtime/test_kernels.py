@@ -47,7 +47,7 @@ TESTED_ELSEWHERE = {
     "recompute_barrier": "tests/ir/test_recompute.py",
     **{t: "tests/runtime/collective/test_collective_training.py"
        for t in ("gen_nccl_id", "c_allreduce_sum", "c_broadcast", "c_local_sgd")},
-    **{t: "tests/runtime/test_capture.py" for t in ("jax_function", "jax_function_grad", "load_value")},
+    **{t: "tests/flotilla/jax/test_capture.py" for t in ("jax_function", "jax_function_grad", "load_value")},
 }
 
 # Op types whose kernels come with a later issue (the number is that issue's).

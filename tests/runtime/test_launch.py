@@ -18,9 +18,8 @@ import time
 import pytest
 
 from ir.errors import FlotillaError
-from runtime.launch import JobPlan, build_parser, child_environ, launch, plan_job
+from runtime.launch import JobPlan, build_parser, child_environ, free_ports, launch, plan_job
 from runtime.role import ROLE_ENV_VARS, LaunchError, Role, role_from_env
-from tests.launching import free_ports
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 JOB = str(pathlib.Path(__file__).resolve().parent / "launch_scripts" / "job.py")
@@ -440,7 +439,7 @@ def test_sigint_to_the_launcher_stops_the_job(tmp_path: pathlib.Path) -> None:
 
 
 def test_flotilla_launch_runs_a_collective_job() -> None:
-    done = _run(["launch", "--nproc_per_node", "2", JOB], launcher=[sys.executable, "-m", "transpiler.cli"])
+    done = _run(["launch", "--nproc_per_node", "2", JOB], launcher=[sys.executable, "-m", "flotilla.cli"])
     assert done.returncode == 0, done.stdout + done.stderr
     for index in (0, 1):
         lines = _lines_of(done.stdout, f"trainer.{index}")
@@ -454,7 +453,7 @@ def test_flotilla_launch_runs_a_collective_job() -> None:
 
 
 def test_flotilla_launch_help_and_usage_errors() -> None:
-    cli = [sys.executable, "-m", "transpiler.cli"]
+    cli = [sys.executable, "-m", "flotilla.cli"]
     done = _run(["launch", "--help"], launcher=cli)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: flotilla launch ")

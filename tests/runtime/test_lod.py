@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import runtime
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.core import Program, program_guard
 from ir.errors import FlotillaError, IRError
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from ir.verify import verify
 from runtime.lod import (DataFeeder, LoDTensor, bucket_rows, create_lod_tensor, expand_lod_feeds, is_lod_var)
 from runtime.scope import FeedError, Scope

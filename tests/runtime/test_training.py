@@ -1,7 +1,7 @@
 """End-to-end training through the whole stack (layers → append_backward → optimizer → Executor) against
 references written directly in numpy.
 
-Each case builds a small model with ``ir.layers``, runs the startup program, reads the initial parameters
+Each case builds a small model with ``flotilla.fluid.layers``, runs the startup program, reads the initial parameters
 back from the scope, trains 5 steps on fixed seeded batches and compares every parameter (and the loss of
 every step) with a float64 numpy reference: the model's forward pass and analytic gradient, then Fluid
 1.5's pipeline per step: gradient clip → weight decay → learning rate (schedule) → optimizer update.
@@ -24,8 +24,9 @@ import pytest
 
 import ir
 import runtime
-from ir import clip, layers, learning_rate, optimizer, regularizer
-from ir.initializer import Uniform
+from flotilla.fluid import clip, layers, learning_rate, optimizer, regularizer
+from flotilla.fluid.param_attr import ParamAttr
+from flotilla.fluid.initializer import Uniform
 
 STEPS = 5
 BATCH = 6
@@ -45,9 +46,9 @@ class Built:
     params: list[str]
 
 
-def _attr(name: str, seed: int, regularizer: Any = None, gradient_clip: Any = None) -> ir.ParamAttr:
+def _attr(name: str, seed: int, regularizer: Any = None, gradient_clip: Any = None) -> ParamAttr:
     # Non-zero biases too, so L1's sign() and every update formula see non-trivial values.
-    return ir.ParamAttr(name=name, initializer=Uniform(-0.5, 0.5, seed=seed), regularizer=regularizer,
+    return ParamAttr(name=name, initializer=Uniform(-0.5, 0.5, seed=seed), regularizer=regularizer,
                         gradient_clip=gradient_clip)
 
 

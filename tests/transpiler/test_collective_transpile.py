@@ -5,10 +5,10 @@ from typing import Any
 
 import pytest
 
-from ir import layers, optimizer, clip
+from flotilla.fluid import layers, optimizer, clip
 from ir.core import Program, program_guard
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from ir.roles import OpRole
 from tests.transpiler.test_distribute_transpiler import build_fc, op_types
 from tests.transpiler.test_transpiler_inputs import expect_error

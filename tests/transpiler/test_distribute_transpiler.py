@@ -5,11 +5,11 @@ from typing import Any
 
 import pytest
 
-from ir import layers, learning_rate, optimizer, regularizer, clip
+from flotilla.fluid import layers, learning_rate, optimizer, regularizer, clip
 from ir.core import Program, program_guard
 from ir.errors import FlotillaError
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
 
 EPS2 = "127.0.0.1:6174,127.0.0.1:6175"

@@ -14,7 +14,7 @@ from ir.serialize import save_program
 from ir.verify import collect_problems
 from tests.passes.memory_models import mlp, used_names
 from transpiler import DistributeTranspiler, MemoryOptimizeError, MemoryReport, memory_optimize, release_memory
-from transpiler.cli import main as cli_main
+from flotilla.cli import main as cli_main
 
 EPS2 = "127.0.0.1:6174,127.0.0.1:6175"
 

@@ -9,7 +9,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import ir
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
+from flotilla.fluid.param_attr import ParamAttr
 from ir.core import Program
 from ir.errors import FlotillaError
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
@@ -41,7 +42,7 @@ def build_tables(n_tables: int, make_opt: Callable[[], Any] = lambda: optimizer.
     with ir.program_guard(main, startup):
         ids = layers.data("ids", [1], dtype="int64")
         embs = [layers.embedding(ids, [100, 8], is_sparse=True, is_distributed=True,
-                                 param_attr=ir.ParamAttr(name=f"table_{i}")) for i in range(n_tables)]
+                                 param_attr=ParamAttr(name=f"table_{i}")) for i in range(n_tables)]
         feature = embs[0] if n_tables == 1 else layers.sums(embs)
         y = layers.data("y", [4])
         loss = layers.mean(layers.square_error_cost(layers.fc(feature, 4), y))
@@ -166,7 +167,7 @@ def test_dc_asgd_needs_async() -> None:
 
 def test_bad_split_method() -> None:
     expect_error(lambda: DistributeTranspiler(DistributeTranspilerConfig(split_method=str)),  # type: ignore[arg-type]
-                 "E710", "split_method must be a PSDispatcher subclass")
+                 "E718", "split_method must be a PSDispatcher subclass")
 
 
 # --- results -------------------------------------------------------------------------------------------

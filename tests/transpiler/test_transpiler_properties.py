@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ir
-from ir import layers, learning_rate, optimizer, regularizer
+from flotilla.fluid import layers, learning_rate, optimizer, regularizer
 from ir.core import Parameter, Program
 from ir.program_set import ProgramSet
 from ir.serialize import program_to_bytes
@@ -256,7 +256,7 @@ def test_getters_in_any_order(model: Model, cluster: Cluster, rnd: Any) -> None:
 
 HASH_SCRIPT = """
 import ir
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig, HashName
 
 main, startup = ir.Program(), ir.Program()

@@ -14,7 +14,7 @@ if __package__ in (None, ""):
 
 import ir  # noqa: E402
 import runtime  # noqa: E402
-from ir import layers, optimizer  # noqa: E402
+from flotilla.fluid import layers, optimizer  # noqa: E402
 from transpiler import DistributeTranspiler  # noqa: E402
 
 

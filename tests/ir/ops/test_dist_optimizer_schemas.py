@@ -64,6 +64,7 @@ def build(vars: dict[str, VarSpec], op_type: str, inputs: dict[str, list[str]], 
 
 OPT = frozenset({"optimizer"})
 NET = frozenset({"rpc", "host", "side_effect"})
+TRAINER_NET = NET | {"trainer_rpc"}
 HOST = frozenset({"host"})
 IO = frozenset({"host", "side_effect"})
 
@@ -125,16 +126,16 @@ def _rpc_cases() -> list[Case]:
     g = {"g0": dense(2, 3), "g1": dense(2, 3), "dep": dense(), "dep2": dense()}
     return [
         Case("send", "send", g, {"X": ["g0", "g1"]}, {"Out": ["dep"]}, {"epmap": eps, "sync_mode": False},
-             expect={"Out": [RAW]}, traits=NET),
+             expect={"Out": [RAW]}, traits=TRAINER_NET),
         Case("send_runtime_split", "send", {"g": dense(4, 3)}, {"X": ["g"]}, {},
              {"epmap": eps, "sections": [2, 2], "send_varnames": ["g.block0", "g.block1"]},
-             expect={}, traits=NET),
+             expect={}, traits=TRAINER_NET),
         Case("recv", "recv", {"dep": raw(), "w0": param(2, 3), "w1": param(2, 3)}, {"X": ["dep"]},
-             {"Out": ["w0", "w1"]}, {"epmap": eps, "trainer_id": 1}, expect={}, traits=NET),
+             {"Out": ["w0", "w1"]}, {"epmap": eps, "trainer_id": 1}, expect={}, traits=TRAINER_NET),
         Case("send_barrier", "send_barrier", {"dep": raw(), "bar": dense()}, {"X": ["dep"]}, {"Out": ["bar"]},
-             {"endpoints": eps}, expect={"Out": [RAW]}, traits=NET),
+             {"endpoints": eps}, expect={"Out": [RAW]}, traits=TRAINER_NET),
         Case("fetch_barrier", "fetch_barrier", {"dep": raw(), "bar": dense()}, {"X": ["dep"]}, {"Out": ["bar"]},
-             {"endpoints": eps}, expect={"Out": [RAW]}, traits=NET),
+             {"endpoints": eps}, expect={"Out": [RAW]}, traits=TRAINER_NET),
         Case("split_byref", "split_byref", {"g": dense(5, 3), "g0": dense(), "g1": dense()}, {"X": ["g"]},
              {"Out": ["g0", "g1"]}, {"sections": [3, 2]},
              expect={"Out": [((3, 3), "float32", "lod_tensor"), ((2, 3), "float32", "lod_tensor")]}),
@@ -157,7 +158,7 @@ def _rpc_cases() -> list[Case]:
              {"i0": dense(-1, 1, dtype="int64"), "i1": dense(-1, 1, dtype="int64"), "o0": dense(), "o1": dense()},
              {"X": ["i0", "i1"]}, {"Out": ["o0", "o1"]},
              {"epmap": eps, "table_names": ["t.block0", "t.block1"], "height_sections": [50, 50]},
-             expect={}, traits=NET),
+             expect={}, traits=TRAINER_NET),
         Case("listen_and_serv", "listen_and_serv", {"g0": dense(2, 3)}, {"X": ["g0"]}, {},
              {"endpoint": eps[0], "Fanin": 2, "optimize_blocks": [BlockRef(1), BlockRef(2)],
               "grad_to_block_id": ["g0:1", "g1@GRAD.block0:2"], "prefetch_var_name_to_block_id": ["ids:3"],
@@ -178,7 +179,7 @@ def _rpc_cases() -> list[Case]:
               "push_nums": 4},
              expect={"Out": [((4, 3), "float32", "lod_tensor"), ((3,), "float32", "lod_tensor")],
                      "SnapshotOut": [((4, 3), "float32", "lod_tensor"), ((3,), "float32", "lod_tensor")],
-                     "StepOut": [((1,), "int64", "lod_tensor")]}, traits=NET),
+                     "StepOut": [((1,), "int64", "lod_tensor")]}, traits=TRAINER_NET),
     ]
 
 
@@ -189,7 +190,7 @@ def _collective_cases() -> list[Case]:
              expect={"NCCLID": [RAW]}, traits=frozenset({"collective", "host", "side_effect"})),
         Case("c_allreduce_sum", "c_allreduce_sum", {"g": dense(4, 3), "g_out": dense()}, {"X": ["g"]},
              {"Out": ["g_out"]}, expect={"Out": [((4, 3), "float32", "lod_tensor")]},
-             traits=frozenset({"collective"})),
+             traits=frozenset({"collective", "replica_reduce"})),
         Case("c_broadcast", "c_broadcast", {"w": param(4, 3)}, {"X": ["w"]}, {"Out": ["w"]}, {"root": 1},
              expect={"Out": [((4, 3), "float32", "lod_tensor")]}, traits=frozenset({"collective"})),
     ]

@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from tests.launching import free_ports
+from runtime.launch import free_ports
 from tests.runtime.collective import worker
 
 REPO = pathlib.Path(__file__).resolve().parents[3]

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 import runtime
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.core import Parameter, Program, program_guard
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from transpiler import CompiledProgram, DistributeTranspiler, DistributeTranspilerConfig
 
 STEPS = 5

@@ -12,7 +12,6 @@ joined with a timeout and a test fails if one is still alive.
 """
 from __future__ import annotations
 
-import socket
 import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -23,11 +22,12 @@ import numpy as np
 import pytest
 
 import runtime
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
 from ir.core import Operator, Program, program_guard
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from runtime.kernels.rpc import max_message_bytes
+from runtime.launch import free_ports
 from runtime.rpc.pserver import PServer, PServerError, Status
 from runtime.rpc.server import start_server
 from runtime.rpc.wire import decode_variable, encode_variable
@@ -49,9 +49,7 @@ def inc(trainer_id: int) -> int:
 
 def free_port() -> int:
     """A port of 127.0.0.1 the OS says is free now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
 
 
 def small_fc(width: int = 40, out: int = 30, lr: float = LR) -> tuple[Program, Program]:

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ir import layers, learning_rate, optimizer
+from flotilla.fluid import layers, learning_rate, optimizer
 from ir.core import Program, program_guard
 from ir.names import unique_name
-from ir.param_attr import ParamAttr
+from flotilla.fluid.param_attr import ParamAttr
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
 
 DIM, HIDDEN, TABLE_ROWS, EMB = 12, 40, 101, 4
@@ -131,9 +131,7 @@ def main() -> int:
     save(args.out / f"trainer_{role.trainer_id}_init.npz", scope, names)
     first = args.first_step
     if args.resume:
-        from runtime.rpc.client import client_for
-
-        first = client_for(exe, role.trainer_id).step
+        first = exe.rpc_session.client(role.trainer_id).step
         print(f"trainer {role.trainer_id} resumes at step {first}", flush=True)
     loss = [op.output("Out")[0] for op in prog.global_block().ops if op.type == "mean"][:1] if args.geo else []
     losses = []

@@ -118,10 +118,10 @@ def fc_loss(p: dict[str, np.ndarray], feeds: list[dict[str, np.ndarray]]) -> flo
 
 def small_table_geo(trainers: int, endpoint: str = "127.0.0.1:6174") -> DistributeTranspiler:
     """A 50 x 4 distributed table and an fc, transpiled for Geo-SGD (k = 4) on one pserver."""
-    from ir import layers, optimizer
+    from flotilla.fluid import layers, optimizer
     from ir.core import Program, program_guard
     from ir.names import unique_name
-    from ir.param_attr import ParamAttr
+    from flotilla.fluid.param_attr import ParamAttr
 
     main, startup = Program(), Program()
     with unique_name.guard(), program_guard(main, startup):
@@ -266,13 +266,14 @@ def test_a_geo_trainer_checkpoints_through_its_pservers_without_its_snapshots() 
     """``runtime.io`` sees a Geo-SGD trainer program as distributed (its geo_sync names the pservers), so
     save_persistables notifies them; the trainer's own part leaves out the snapshots, which a restarted
     trainer takes anew from the parameters it fetches."""
+    from ir.dist_info import distributed_role
     from runtime import io
     from tests.transpiler.test_distribute_transpiler import EPS2
     from tests.transpiler.test_geo_sgd import geo_ctr, geo_fc
 
     t = geo_fc(k=3)
     trainer = t.get_trainer_program()
-    role = io.distributed_role(trainer)
+    role = distributed_role(trainer)
     assert role is not None and role[:2] == ("trainer", 0) and role[2] == sorted(EPS2.split(","))
     local = {v.name for v in io._trainer_local_vars(trainer)}
     assert not any(n.endswith("@GEO_SNAPSHOT") for n in local)

@@ -21,7 +21,7 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.launching import free_ports
+from runtime.launch import free_ports
 from tests.runtime.rpc import ps_worker
 
 REPO = pathlib.Path(__file__).resolve().parents[3]

@@ -14,6 +14,7 @@ from ir.core import Program
 from ir.roles import OP_ROLE_ATTR, OpRole
 from runtime.executor import HostContext
 from runtime.kernels import rpc as rpc_kernels
+from runtime.rpc.session import TrainerKernelState
 from runtime.scope import Scope
 
 EP0, EP1 = "127.0.0.1:6174", "127.0.0.1:6175"
@@ -24,8 +25,7 @@ class RecordingClient:
 
     def __init__(self) -> None:
         self.calls: list[list[tuple[str, str]]] = []
-        self.op_runs: dict[Any, Any] = {}
-        self.recv_ahead: set[int] = set()
+        self.state = TrainerKernelState()  # the kernels' memory, as the executor's RPC session would hold it
 
     def get(self, requests: list[tuple[str, str]]) -> list[Any]:
         self.calls.append(list(requests))
@@ -49,6 +49,7 @@ class RecordingClient:
 def client(monkeypatch: pytest.MonkeyPatch) -> RecordingClient:
     c = RecordingClient()
     monkeypatch.setattr(rpc_kernels, "_client", lambda ctx, op: c)
+    monkeypatch.setattr(rpc_kernels, "_state", lambda ctx, op: c.state)
     return c
 
 
@@ -94,7 +95,7 @@ def test_consecutive_recvs_are_one_get(client: RecordingClient) -> None:
     assert client.calls == [batch, barrier, batch, barrier]
     for name in ["w", "b.block0", "b.block1", "v"]:
         np.testing.assert_array_equal(scope.find_var(name), np.full((2,), len(name), np.float32))
-    assert client.recv_ahead == set()
+    assert client.state.recv_ahead == set()
 
 
 def test_a_run_ends_at_another_op(client: RecordingClient) -> None:

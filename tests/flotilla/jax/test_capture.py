@@ -1,4 +1,4 @@
-"""The JAX capture front end (``runtime.capture``): plain JAX models captured as Programs train like the
+"""The JAX capture front end (``flotilla.jax``): plain JAX models captured as Programs train like the
 hand-written ``jax.value_and_grad`` loop, in one process, on parameter servers and with allreduce.
 
 Tolerance: float32 models, rtol 1e-5 (atol 1e-6) on losses and parameters over 10 steps; Adam at a
@@ -22,16 +22,16 @@ import pytest
 
 import runtime
 from examples.jax_capture import models as M
-from ir import optimizer
+from flotilla.fluid import optimizer
 from ir.core import Variable
 from ir.parser import parse_program
 from ir.verify import verify
-from runtime.capture import CaptureError, capture
+from flotilla.jax import CaptureError, capture
 from runtime.kernels.jax_function import rows_held
-from tests.launching import free_ports
-from tests.runtime import capture_worker
+from runtime.launch import free_ports
+from tests.flotilla.jax import capture_worker
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 WAIT_S = 240.0
 STEPS = 10
 
@@ -205,7 +205,7 @@ class _Procs:
     def start(self, tag: str, args: list[str], env: dict[str, str]) -> None:
         log = open(self.out / f"{tag}.log", "w")
         full = {**os.environ, "PYTHONPATH": str(REPO), **env}
-        self.procs[tag] = subprocess.Popen([sys.executable, "-m", "tests.runtime.capture_worker", "--out",
+        self.procs[tag] = subprocess.Popen([sys.executable, "-m", "tests.flotilla.jax.capture_worker", "--out",
                                             str(self.out), *args], env=full, cwd=REPO, stdout=log,
                                            stderr=subprocess.STDOUT)
         log.close()

@@ -5,8 +5,8 @@ with ``register_command``):
 
 - ``flotilla dump PROGRAM [--block N] [--format text|json|dot]``
 - ``flotilla verify PROGRAM``: prints ``ok: N blocks, M ops`` (exit 0) or every problem (exit 1)
-- ``flotilla diff A B``: variable- and op-level differences per block; exit 0 when identical, 1 when
-  different, as diff(1) does
+- ``flotilla diff A B``: variable- and op-level differences per block (``ir.diff``); exit 0 when identical,
+  1 when different, as diff(1) does
 - ``flotilla graph PROGRAM -o FILE.dot|.svg|.png [--block N] [--role forward|backward|optimize|rpc]...
   [--ops-only]`` (svg/png through Graphviz's ``dot``): ops clustered by role, persistable variables in one
   table at the side (see ``ir.export``); ``flotilla graph --job DIR -o FILE`` draws a transpile output
@@ -21,7 +21,7 @@ with ``register_command``):
   ``--trainer-id`` every trainer's programs are written
 - ``flotilla plan`` (the same inputs, no ``-o``) ``[--format text|dot|png] [--output FILE]``: which
   parameter block goes to which pserver (param, block, rows, shape, bytes, endpoint), bytes per pserver
-  and the balance (max/mean bytes per pserver); png through Graphviz's ``dot``
+  and the balance (max/mean bytes per pserver, reported by ``transpiler.plan``); png through Graphviz's ``dot``
 - ``flotilla memory PROGRAM [--level 0|1] [--skip-grads] [--skip NAME]... [--batch-size N] [-o FILE]``:
   ``memory_optimize`` the program: peak live bytes by the liveness estimate before and after, then one
   line per variable reused; ``-o`` also writes the rewritten program
@@ -42,7 +42,6 @@ Invariants:
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import re
@@ -54,10 +53,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Sequence
 
 from ir.core import Block, Program
+from ir.diff import diff_programs
 from ir.errors import FlotillaError, VerifyError
 from ir.export import ROLE_GROUPS, job_to_dot, program_to_dot, program_to_json
 from ir.parser import parse_program
-from ir.printer import format_block, format_op, format_program, format_var
+from ir.printer import format_block, format_program
 from ir.serialize import is_program_bytes, program_from_bytes
 from ir.verify import collect_problems
 
@@ -216,62 +216,6 @@ def _configure_diff(p: argparse.ArgumentParser) -> None:
     p.add_argument("b", metavar="B", help="the new program file, text or protobuf")
 
 
-def diff_programs(a: Program, b: Program, a_name: str = "A", b_name: str = "B") -> list[str]:
-    """The differences between two programs, block by block, as lines; empty when they are equal.
-
-    Blocks are matched by index. Variables are matched by name (removed, added, changed with their old
-    and new text); ops, which have no identity, are compared as a unified diff of their text lines.
-    """
-    if format_program(a) == format_program(b):
-        return []
-    lines = [f"--- {a_name}", f"+++ {b_name}"]
-    if a.random_seed != b.random_seed:
-        lines.append(f"program: random_seed {a.random_seed} -> {b.random_seed}")
-    for idx in range(max(a.num_blocks, b.num_blocks)):
-        if idx >= b.num_blocks:
-            blk = a.blocks[idx]
-            lines.append(f"block {idx}: removed ({len(blk.vars)} vars, {len(blk.ops)} ops)")
-            continue
-        if idx >= a.num_blocks:
-            blk = b.blocks[idx]
-            lines.append(f"block {idx}: added ({len(blk.vars)} vars, {len(blk.ops)} ops)")
-            continue
-        lines += _diff_block(a.blocks[idx], b.blocks[idx], a_name, b_name)
-    return lines
-
-
-def _diff_block(ba: Block, bb: Block, a_name: str, b_name: str) -> list[str]:
-    out: list[str] = []
-    if ba.parent_idx != bb.parent_idx:
-        out.append(f"  parent: {ba.parent_idx} -> {bb.parent_idx}")
-    removed = [format_var(v) for name, v in ba.vars.items() if name not in bb.vars]
-    added = [format_var(v) for name, v in bb.vars.items() if name not in ba.vars]
-    changed = [
-        (format_var(v), format_var(bb.vars[name]))
-        for name, v in ba.vars.items()
-        if name in bb.vars and format_var(v) != format_var(bb.vars[name])
-    ]
-    a_ops = [format_op(op) for op in ba.ops]
-    b_ops = [format_op(op) for op in bb.ops]
-    op_diff = list(
-        difflib.unified_diff(a_ops, b_ops, fromfile=f"{a_name} block {ba.idx}", tofile=f"{b_name} block {bb.idx}",
-                             lineterm="", n=2)
-    )
-    if removed or added or changed:
-        out.append(f"  variables: {len(removed)} removed, {len(added)} added, {len(changed)} changed")
-        out += [f"    - {t}" for t in removed]
-        out += [f"    + {t}" for t in added]
-        for old, new in changed:
-            out += [f"    ~ {old}", f"      -> {new}"]
-    if op_diff:
-        n_a, n_b = len(a_ops), len(b_ops)
-        out.append(f"  ops: {n_a} -> {n_b}")
-        out += ["    " + line for line in op_diff]
-    if not out:
-        return []
-    return [f"block {ba.idx}:"] + out
-
-
 def _run_diff(args: argparse.Namespace) -> int:
     a = load_any_program(args.a)
     b = load_any_program(args.b)
@@ -401,7 +345,7 @@ def _transpile(args: argparse.Namespace, trainer_ids: Sequence[int]) -> _Transpi
     """Transpile ``args.main`` once per trainer id; the set holds each trainer's role, then every
     pserver's (from the first transpile: pserver programs do not depend on the trainer id)."""
     # Imported here so that `flotilla dump` and friends load neither passes nor the façade.
-    from ir.program_set import ProgramSet
+    from ir.program_set import ProgramRole, ProgramSet
     from transpiler import DistributeTranspiler, DistributeTranspilerConfig, HashName, RoundRobin
 
     main = load_any_program(args.main)
@@ -414,7 +358,7 @@ def _transpile(args: argparse.Namespace, trainer_ids: Sequence[int]) -> _Transpi
                                         local_sgd_steps=args.local_sgd_steps, geo_sgd_mode=args.geo_sgd is not None,
                                         geo_sgd_need_push_nums=100 if args.geo_sgd is None else args.geo_sgd)
     programs = ProgramSet()
-    pservers: list[tuple[str, Program, Program]] = []
+    pservers: list[tuple[ProgramRole, Program, Program]] = []
     plan = None
     notes: list[str] = []
     for trainer_id in trainer_ids:
@@ -429,11 +373,11 @@ def _transpile(args: argparse.Namespace, trainer_ids: Sequence[int]) -> _Transpi
                              + (f" (and {len(e.problems) - 1} more problem(s))" if len(e.problems) > 1 else ""),
                              hint=None) from None
         done = t.program_set
-        for role, progs in done.items():
-            if role.startswith("trainer."):
-                programs.add(role, progs.main, progs.startup)
+        for _, progs in done.items():
+            if progs.role.is_trainer:
+                programs.add(progs.role, progs.main, progs.startup)
             elif plan is None:
-                pservers.append((role, progs.main, progs.startup))
+                pservers.append((progs.role, progs.main, progs.startup))
         if plan is None:
             plan = t.plan
             notes = list(t.warnings)
@@ -525,126 +469,6 @@ def _run_transpile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@dataclass(frozen=True)
-class PlanRow:
-    """One block of the plan: which parameter, which block, its rows, its bytes, where it lives."""
-
-    param: str
-    block: str
-    first_row: int
-    rows: int
-    shape: tuple[int, ...]
-    nbytes: int
-    endpoint: str
-
-
-def plan_rows(plan: Any, programs: Any) -> list[PlanRow]:
-    """Every parameter block of ``plan`` (params in plan order, blocks in index order; a distributed
-    table as one shard per pserver), sized with the dtypes the trainer program declares."""
-    from ir.verify import ITEMSIZE
-
-    trainer = next(progs.main for role, progs in programs.items() if role.startswith("trainer."))
-    gblock = trainer.global_block()
-
-    def itemsize(name: str) -> int:
-        var = gblock.find_var_recursive(name)
-        return ITEMSIZE.get(var.dtype, 4) if var is not None else 4
-
-    rows: list[PlanRow] = []
-    for pp in plan.params:
-        size = itemsize(pp.param)
-        for pblock, _, ep in pp.blocks():
-            rows.append(PlanRow(pp.param, pblock.name, pblock.offset_rows, pblock.rows, tuple(pblock.shape),
-                                pblock.numel * size, ep))
-    table = plan.table
-    if table is not None:
-        size = itemsize(table.table)
-        shard_numel = 1
-        for d in table.shard_shape:
-            shard_numel *= d
-        for i, ep in enumerate(table.endpoints):
-            rows.append(PlanRow(table.table, f"{table.table} (shard {i}: ids % {len(table.endpoints)} == {i})",
-                                0, table.shard_rows, tuple(table.shard_shape), shard_numel * size, ep))
-    return rows
-
-
-def plan_loads(plan: Any, rows: Sequence[PlanRow]) -> dict[str, tuple[int, int]]:
-    """Per pserver endpoint (in the user's order): (blocks, bytes)."""
-    loads = {ep: (0, 0) for ep in plan.pservers}
-    for r in rows:
-        n, b = loads[r.endpoint]
-        loads[r.endpoint] = (n + 1, b + r.nbytes)
-    return loads
-
-
-def plan_balance(loads: dict[str, tuple[int, int]]) -> float | None:
-    """max/mean of the bytes per pserver (1.0 is perfect balance); None when nothing is placed."""
-    sizes = [b for _, b in loads.values()]
-    mean = sum(sizes) / len(sizes) if sizes else 0.0
-    return max(sizes) / mean if mean > 0 else None
-
-
-def _table(header: Sequence[str], body: Sequence[Sequence[str]], right: set[int]) -> list[str]:
-    widths = [max(len(str(row[i])) for row in [header, *body]) for i in range(len(header))]
-    out = []
-    for row in [header, *body]:
-        cells = [str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        out.append("  ".join(cells).rstrip())
-    return out
-
-
-def format_plan_text(plan: Any, rows: Sequence[PlanRow]) -> str:
-    head = (f"plan: {len(plan.pservers)} pserver(s), {plan.trainers} trainer(s), "
-            f"{'sync' if plan.sync_mode else 'async'}, "
-            f"{'min_block_size ' + str(plan.min_block_size) if plan.slice_var_up else 'no slicing'}")
-    body = [(r.param, r.block, f"[{r.first_row}, {r.first_row + r.rows})", _fmt_dims(r.shape), str(r.nbytes),
-             r.endpoint) for r in rows]
-    lines = [head, ""]
-    lines += _table(("param", "block", "rows", "shape", "bytes", "endpoint"), body, {4})
-    loads = plan_loads(plan, rows)
-    lines.append("")
-    lines += _table(("endpoint", "blocks", "bytes"), [(ep, str(n), str(b)) for ep, (n, b) in loads.items()], {1, 2})
-    balance = plan_balance(loads)
-    total = sum(b for _, b in loads.values())
-    lines.append("")
-    lines.append(f"total {total} bytes in {len(rows)} block(s); balance (max/mean bytes per pserver): "
-                 + (f"{balance:.3f}" if balance is not None else "n/a (nothing placed)"))
-    return "\n".join(lines) + "\n"
-
-
-def _fmt_dims(shape: Sequence[int]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def _dot_id(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-def format_plan_dot(plan: Any, rows: Sequence[PlanRow]) -> str:
-    """The plan as a Graphviz digraph: parameters on the left, pservers on the right, one edge per block."""
-    loads = plan_loads(plan, rows)
-    lines = ["digraph plan {", "  rankdir=LR;", '  node [fontname="monospace", fontsize=10];',
-             '  edge [fontname="monospace", fontsize=9];']
-    params: dict[str, tuple[int, ...]] = {}
-    for pp in plan.params:
-        first = pp.param_blocks[0]
-        params[pp.param] = (sum(b.rows for b in pp.param_blocks),) + tuple(first.shape[1:])
-    if plan.table is not None:
-        params[plan.table.table] = tuple(plan.table.shape)
-    for name, shape in params.items():
-        lines.append(f"  {_dot_id('param:' + name)} [shape=ellipse, label={_dot_id(name + chr(10) + _fmt_dims(shape))}];")
-    for ep, (n, b) in loads.items():
-        label = f"{ep}\n{n} block(s), {b} bytes"
-        lines.append(f"  {_dot_id('pserver:' + ep)} [shape=box, label={_dot_id(label)}];")
-    for r in rows:
-        label = f"{r.block}\nrows [{r.first_row}, {r.first_row + r.rows}), {r.nbytes} B"
-        lines.append(f"  {_dot_id('param:' + r.param)} -> {_dot_id('pserver:' + r.endpoint)} [label={_dot_id(label)}];")
-    balance = plan_balance(loads)
-    lines.append(f"  label={_dot_id('balance (max/mean bytes): ' + (f'{balance:.3f}' if balance else 'n/a'))};")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
 def _configure_plan(p: argparse.ArgumentParser) -> None:
     _configure_transpile_inputs(p)
     p.add_argument("--format", choices=PLAN_FORMATS, default="text", help="output form (default: text)")
@@ -665,6 +489,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         if dot_exe is None:
             raise UsageError(f"cannot write {args.output}: Graphviz's dot is not installed (not found on PATH); "
                              "use --format dot and render it with Graphviz elsewhere")
+    from transpiler.plan import format_plan_dot, format_plan_text, plan_rows  # lazy: the façade imports passes
+
     result = _transpile(args, [args.trainer_id or 0])
     rows = plan_rows(result.plan, result.programs)
     _warn(result.warnings)

@@ -247,7 +247,7 @@ def test_graph_svg_without_graphviz(tmp_path: pathlib.Path) -> None:
     path = write_program(build_fc_program(), tmp_path, "prog", "text")
     out = tmp_path / "g.svg"
     env = {**os.environ, "PATH": ""}
-    done = run_tool([sys.executable, "-m", "transpiler.cli", "graph", str(path), "-o", str(out)], tmp_path, env)
+    done = run_tool([sys.executable, "-m", "flotilla.cli", "graph", str(path), "-o", str(out)], tmp_path, env)
     assert_user_error(done, "Graphviz's dot is not installed", ".dot")
     assert not out.exists()
 
@@ -267,7 +267,7 @@ def test_graph_svg_through_dot(tmp_path: pathlib.Path) -> None:
     program = build_fc_program()
     path = write_program(program, tmp_path, "prog", "proto")
     out = tmp_path / "g.svg"
-    done = run_tool([sys.executable, "-m", "transpiler.cli", "graph", str(path), "-o", str(out)], tmp_path, env)
+    done = run_tool([sys.executable, "-m", "flotilla.cli", "graph", str(path), "-o", str(out)], tmp_path, env)
     assert (done.returncode, done.stderr) == (0, "")
     assert out.read_text() == "-Tsvg\n" + program_to_dot(program, block_idx=0)
 
@@ -275,7 +275,7 @@ def test_graph_svg_through_dot(tmp_path: pathlib.Path) -> None:
 def test_graph_dot_failure_is_one_line(tmp_path: pathlib.Path) -> None:
     env = _fake_dot(tmp_path / "bin", "sys.stderr.write('Error: syntax error in line 1\\n')\nsys.exit(3)")
     path = write_program(build_fc_program(), tmp_path, "prog", "text")
-    done = run_tool([sys.executable, "-m", "transpiler.cli", "graph", str(path), "-o", str(tmp_path / "g.png")],
+    done = run_tool([sys.executable, "-m", "flotilla.cli", "graph", str(path), "-o", str(tmp_path / "g.png")],
                     tmp_path, env)
     assert_user_error(done, "status 3", "syntax error in line 1")
 
@@ -439,7 +439,7 @@ def test_help_lists_every_subcommand(flotilla) -> None:
 
 
 def test_in_process_main_matches(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from transpiler.cli import main
+    from flotilla.cli import main
 
     program = build_fc_program()
     path = write_program(program, tmp_path, "prog", "proto")

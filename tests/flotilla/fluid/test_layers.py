@@ -7,11 +7,11 @@ from typing import Iterator
 import pytest
 
 import ir
-from ir import initializer, layers
+from flotilla.fluid import initializer, layers
+from flotilla.fluid.layer_helper import param_gradient_clip, param_regularizer
+from flotilla.fluid.param_attr import ParamAttr
 from ir.core import Parameter, Program
 from ir.errors import IRError
-from ir.layer_helper import param_gradient_clip, param_regularizer
-from ir.param_attr import ParamAttr
 from ir.verify import verify
 
 
@@ -88,8 +88,8 @@ def test_unique_names_count_per_layer(progs: tuple[Program, Program]) -> None:
 
 
 def test_param_attr_fields_recorded_on_parameter(progs: tuple[Program, Program]) -> None:
-    from ir.clip import GradientClipByValue
-    from ir.regularizer import L2Decay
+    from flotilla.fluid.clip import GradientClipByValue
+    from flotilla.fluid.regularizer import L2Decay
 
     main, startup = progs
     x = layers.data("x", [4])

@@ -1,4 +1,4 @@
-"""A process of the capture tests' clusters: ``python -m tests.runtime.capture_worker --out DIR --model M
+"""A process of the capture tests' clusters: ``python -m tests.flotilla.jax.capture_worker --out DIR --model M
 [--rank R --endpoints E]``.
 
 The model (``examples.jax_capture.models``) is captured in every process from the same initial values.
@@ -25,8 +25,8 @@ def build(model: str) -> tuple[Any, Any, Any, list[dict[str, np.ndarray]]]:
     """(main, startup, loss, global batches) of a captured model: CTR with SGD and a distributed table,
     the others with Adam."""
     from examples.jax_capture import models as M
-    from ir import optimizer
-    from runtime.capture import capture
+    from flotilla.fluid import optimizer
+    from flotilla.jax import capture
 
     loss_fn, init, batches = M.MODELS[model]
     data = batches(1, STEPS, ROWS)

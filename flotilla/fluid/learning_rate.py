@@ -20,12 +20,12 @@ Invariants, as in Fluid 1.5:
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
+from flotilla.fluid.initializer import Constant
+from flotilla.fluid.spec import number
 from ir.core import Block, Program, Variable, default_main_program, default_startup_program
 from ir.errors import IRError
-from ir.initializer import Constant
 from ir.names import LR_DECAY_COUNTER, unique_name
 from ir.ops.registry import has_op
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
@@ -36,14 +36,6 @@ __all__ = [
 ]
 
 _LR_DTYPE = "float32"
-
-
-def _number(value: Any, what: str, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise IRError(f"{what} must be a finite number, got {type(value).__name__} {value!r}")
-    if positive and value <= 0:
-        raise IRError(f"{what} must be positive, got {value!r}")
-    return float(value)
 
 
 def create_global_var(main: Program, startup: Program, name: str, shape: Sequence[int], dtype: str,
@@ -119,9 +111,9 @@ def _decayed_steps(b: _LRBuilder, decay_steps: float, staircase: bool) -> str:
 def exponential_decay(learning_rate: float, decay_steps: float, decay_rate: float,
                       staircase: bool = False) -> Variable:
     """``learning_rate * decay_rate ** (step / decay_steps)`` (the exponent floored if ``staircase``)."""
-    lr = _number(learning_rate, "exponential_decay learning_rate")
-    steps = _number(decay_steps, "exponential_decay decay_steps", positive=True)
-    rate = _number(decay_rate, "exponential_decay decay_rate")
+    lr = number(learning_rate, "exponential_decay learning_rate", finite=True)
+    steps = number(decay_steps, "exponential_decay decay_steps", finite=True, positive=True)
+    rate = number(decay_rate, "exponential_decay decay_rate", finite=True)
     b = _builder()
     div = _decayed_steps(b, steps, bool(staircase))
     return b.result(b.scale(b.binary("pow", b.const(rate), div), lr))
@@ -130,9 +122,9 @@ def exponential_decay(learning_rate: float, decay_steps: float, decay_rate: floa
 def natural_exp_decay(learning_rate: float, decay_steps: float, decay_rate: float,
                       staircase: bool = False) -> Variable:
     """``learning_rate * exp(-decay_rate * step / decay_steps)`` (the ratio floored if ``staircase``)."""
-    lr = _number(learning_rate, "natural_exp_decay learning_rate")
-    steps = _number(decay_steps, "natural_exp_decay decay_steps", positive=True)
-    rate = _number(decay_rate, "natural_exp_decay decay_rate")
+    lr = number(learning_rate, "natural_exp_decay learning_rate", finite=True)
+    steps = number(decay_steps, "natural_exp_decay decay_steps", finite=True, positive=True)
+    rate = number(decay_rate, "natural_exp_decay decay_rate", finite=True)
     b = _builder()
     div = _decayed_steps(b, steps, bool(staircase))
     return b.result(b.scale(b.unary("exp", b.scale(div, -1.0 * rate)), lr))
@@ -141,9 +133,9 @@ def natural_exp_decay(learning_rate: float, decay_steps: float, decay_rate: floa
 def inverse_time_decay(learning_rate: float, decay_steps: float, decay_rate: float,
                        staircase: bool = False) -> Variable:
     """``learning_rate / (1 + decay_rate * step / decay_steps)`` (the ratio floored if ``staircase``)."""
-    lr = _number(learning_rate, "inverse_time_decay learning_rate")
-    steps = _number(decay_steps, "inverse_time_decay decay_steps", positive=True)
-    rate = _number(decay_rate, "inverse_time_decay decay_rate")
+    lr = number(learning_rate, "inverse_time_decay learning_rate", finite=True)
+    steps = number(decay_steps, "inverse_time_decay decay_steps", finite=True, positive=True)
+    rate = number(decay_rate, "inverse_time_decay decay_rate", finite=True)
     b = _builder()
     div = _decayed_steps(b, steps, bool(staircase))
     denominator = b.scale(b.scale(div, rate), 1.0, bias=1.0)
@@ -154,10 +146,10 @@ def polynomial_decay(learning_rate: float, decay_steps: float, end_learning_rate
                      power: float = 1.0, cycle: bool = False) -> Variable:
     """``(learning_rate - end) * (1 - step / decay_steps) ** power + end``; without ``cycle`` the step
     stops at ``decay_steps``, with it ``decay_steps`` grows to the next multiple above the step."""
-    lr = _number(learning_rate, "polynomial_decay learning_rate")
-    steps = _number(decay_steps, "polynomial_decay decay_steps", positive=True)
-    end = _number(end_learning_rate, "polynomial_decay end_learning_rate")
-    pw = _number(power, "polynomial_decay power")
+    lr = number(learning_rate, "polynomial_decay learning_rate", finite=True)
+    steps = number(decay_steps, "polynomial_decay decay_steps", finite=True, positive=True)
+    end = number(end_learning_rate, "polynomial_decay end_learning_rate", finite=True)
+    pw = number(power, "polynomial_decay power", finite=True)
     b = _builder()
     step = b.step_counter(0)
     if cycle:
@@ -175,8 +167,8 @@ def piecewise_decay(boundaries: Sequence[float], values: Sequence[float]) -> Var
     if not isinstance(boundaries, (list, tuple)) or not isinstance(values, (list, tuple)):
         raise IRError("piecewise_decay needs lists of boundaries and values, got "
                       f"{type(boundaries).__name__} and {type(values).__name__}")
-    bounds = [_number(x, "piecewise_decay boundary") for x in boundaries]
-    vals = [_number(x, "piecewise_decay value") for x in values]
+    bounds = [number(x, "piecewise_decay boundary", finite=True) for x in boundaries]
+    vals = [number(x, "piecewise_decay value", finite=True) for x in values]
     if len(vals) - len(bounds) != 1:
         raise IRError(f"piecewise_decay: {len(bounds)} boundaries need {len(bounds) + 1} values, got {len(vals)}",
                       hint="len(values) - len(boundaries) must be 1")
@@ -209,8 +201,8 @@ def piecewise_decay(boundaries: Sequence[float], values: Sequence[float]) -> Var
 def noam_decay(d_model: float, warmup_steps: float) -> Variable:
     """The Transformer schedule ``d_model**-0.5 * min(step**-0.5, warmup_steps**-1.5 * step)``,
     counting steps from 1."""
-    d = _number(d_model, "noam_decay d_model", positive=True)
-    warmup = _number(warmup_steps, "noam_decay warmup_steps", positive=True)
+    d = number(d_model, "noam_decay d_model", finite=True, positive=True)
+    warmup = number(warmup_steps, "noam_decay warmup_steps", finite=True, positive=True)
     b = _builder()
     step = b.step_counter(1)
     a = b.binary("pow", step, b.const(-0.5))

@@ -19,12 +19,12 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from flotilla.fluid.initializer import Constant, Initializer, Xavier
+from flotilla.fluid.param_attr import ParamAttr, spec_of
 from ir.core import Block, Operator, Parameter, Program, Variable, default_main_program, default_startup_program
 from ir.errors import IRError
-from ir.initializer import Constant, Initializer, Xavier
 from ir.names import unique_name
 from ir.ops.registry import DTYPES, find_op_def
-from ir.param_attr import ParamAttr, spec_of
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from ir.clip import (
+from flotilla.fluid.clip import (
     GradientClipByGlobalNorm,
     GradientClipByNorm,
     GradientClipByValue,
@@ -21,14 +21,14 @@ from ir.clip import (
     clip_from_spec,
     set_gradient_clip,
 )
+from flotilla.fluid import layers
+from flotilla.fluid import learning_rate as lrs
+from flotilla.fluid.optimizer import SGD, Adagrad, Adam, DecayedAdagrad, Ftrl, Momentum, RMSProp
+from flotilla.fluid.param_attr import ParamAttr
+from flotilla.fluid.regularizer import L1Decay, L2Decay, append_regularization_ops, regularizer_from_spec
 from ir.core import Operator, Parameter, Program, Variable, program_guard
 from ir.errors import IRError
-from ir import layers
-from ir import learning_rate as lrs
 from ir.names import LR_DECAY_COUNTER, grad_name, unique_name
-from ir.param_attr import ParamAttr
-from ir.optimizer import SGD, Adagrad, Adam, DecayedAdagrad, Ftrl, Momentum, RMSProp
-from ir.regularizer import L1Decay, L2Decay, append_regularization_ops, regularizer_from_spec
 from ir.roles import OpRole
 from ir.verify import collect_problems
 

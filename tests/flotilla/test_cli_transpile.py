@@ -14,12 +14,13 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import ir
-from ir import layers, optimizer
+from flotilla.fluid import layers, optimizer
+from flotilla.fluid.param_attr import ParamAttr
 from ir.core import Program
 from ir.printer import format_program
 from ir.serialize import load_program, save_program
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig, HashName
-from transpiler.cli import role_file_stem
+from flotilla.cli import role_file_stem
 
 TIMEOUT_S = 60
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def build_fc(make_opt: Callable[[], Any] | None = lambda: optimizer.SGD(0.1)) ->
     with ir.program_guard(main, startup):
         x = layers.data("x", [1000])
         y = layers.data("y", [1000])
-        pred = layers.fc(x, 1000, param_attr=ir.ParamAttr(name="fc_w"), bias_attr=ir.ParamAttr(name="fc_b"))
+        pred = layers.fc(x, 1000, param_attr=ParamAttr(name="fc_w"), bias_attr=ParamAttr(name="fc_b"))
         loss = layers.mean(layers.square_error_cost(pred, y))
         if make_opt is not None:
             make_opt().minimize(loss)
@@ -251,7 +252,7 @@ def _fake_dot(folder: pathlib.Path) -> dict[str, str]:
 def test_plan_png_through_dot(fc_files, tmp_path: pathlib.Path) -> None:
     env = _fake_dot(tmp_path / "bin")
     out = tmp_path / "plan.png"
-    cmd = [sys.executable, "-m", "transpiler.cli", "plan", *inputs(fc_files)]
+    cmd = [sys.executable, "-m", "flotilla.cli", "plan", *inputs(fc_files)]
     done = run_tool([*cmd, "--format", "png", "--output", str(out)], tmp_path, env)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     dot = run_tool([*cmd, "--format", "dot"], tmp_path, env).stdout
@@ -261,7 +262,7 @@ def test_plan_png_through_dot(fc_files, tmp_path: pathlib.Path) -> None:
 def test_plan_png_without_graphviz(fc_files, tmp_path: pathlib.Path) -> None:
     env = {**os.environ, "PATH": ""}
     out = tmp_path / "plan.png"
-    done = run_tool([sys.executable, "-m", "transpiler.cli", "plan", *inputs(fc_files), "--format", "png",
+    done = run_tool([sys.executable, "-m", "flotilla.cli", "plan", *inputs(fc_files), "--format", "png",
                      "--output", str(out)], tmp_path, env)
     assert_user_error(done, "Graphviz's dot is not installed", "--format dot")
     assert not out.exists()

@@ -11,15 +11,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from flotilla.fluid.initializer import Initializer
 from ir.errors import IRError
-from ir.initializer import Initializer
 
 
 @dataclass(frozen=True)
 class ParamAttr:
     """Name, initializer, per-parameter learning-rate multiplier, regularizer, trainability and
     gradient clip of a parameter. ``regularizer`` and ``gradient_clip`` are the user's objects
-    (from ``ir.regularizer`` / ``ir.clip``); the Parameter records their canonical spec strings."""
+    (from ``fluid.regularizer`` / ``fluid.clip``); the Parameter records their canonical spec strings."""
 
     name: str | None = None
     initializer: Initializer | None = None
@@ -33,8 +33,8 @@ class ParamAttr:
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
             raise IRError(f"ParamAttr name must be a non-empty string or None, got {self.name!r}")
         if self.initializer is not None and not isinstance(self.initializer, Initializer):
-            raise IRError(f"ParamAttr initializer must be an ir.initializer.Initializer, got "
-                          f"{type(self.initializer).__name__}", hint="e.g. ir.initializer.Constant(0.0)")
+            raise IRError(f"ParamAttr initializer must be a fluid.initializer.Initializer, got "
+                          f"{type(self.initializer).__name__}", hint="e.g. fluid.initializer.Constant(0.0)")
         if isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, (int, float)):
             raise IRError(f"ParamAttr learning_rate must be a number, got {self.learning_rate!r}")
         object.__setattr__(self, "learning_rate", float(self.learning_rate))
@@ -64,7 +64,7 @@ class ParamAttr:
         if isinstance(arg, Initializer):
             return ParamAttr(initializer=arg)
         raise IRError(f"{arg_name} must be a ParamAttr, a name, an Initializer, None or False, "
-                      f"got {type(arg).__name__} {arg!r}", hint="e.g. ir.ParamAttr(name='fc_w')")
+                      f"got {type(arg).__name__} {arg!r}", hint="e.g. fluid.ParamAttr(name='fc_w')")
 
 
 def spec_of(obj: Any, what: str) -> str | None:
@@ -80,4 +80,4 @@ def spec_of(obj: Any, what: str) -> str | None:
     if isinstance(spec, str):
         return spec
     raise IRError(f"{what} must be a string spec or an object with a string `spec`, got {type(obj).__name__}",
-                  hint="use the classes of ir.regularizer (L2Decay, L1Decay) or ir.clip")
+                  hint="use the classes of fluid.regularizer (L2Decay, L1Decay) or fluid.clip")

@@ -86,7 +86,7 @@ def _need(condition: bool) -> None:
 class CaptureError(FlotillaError):
     """A function the capture front end cannot turn into a Program."""
 
-    code = "E700"
+    code = "E740"
 
 
 # --- flat equations ----------------------------------------------------------------------------------
