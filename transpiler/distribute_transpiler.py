@@ -75,6 +75,7 @@ class DistributeTranspiler:
         """Build every role's programs (see the module docstring). A program passed explicitly is not
         modified (unless ``in_place``); an omitted one means the default program, rewritten in place.
 
+        ``config.sync_mode`` (or ``completely_not_async``), when set, wins over the ``sync_mode`` argument.
         In the collective modes ``trainers`` lists every trainer's endpoint (``"ip:port,ip:port"``),
         ``pservers`` and ``sync_mode`` are ignored, and ``current_endpoint`` (default: entry
         ``trainer_id`` of ``trainers``) must be this trainer's entry."""
@@ -118,6 +119,7 @@ class DistributeTranspiler:
         trainers, trainer_id = check_trainers(trainers, trainer_id)
         if current_endpoint is not None:
             check_endpoint(current_endpoint)
+        sync_mode = self.config.effective_sync_mode(sync_mode)
         if self.config.enable_dc_asgd and sync_mode:
             raise TranspilerError("enable_dc_asgd needs asynchronous training, but sync_mode is True",
                                   hint="pass sync_mode=False, or disable enable_dc_asgd", code="E709")
