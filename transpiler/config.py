@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ir import endpoints
 from ir.errors import FlotillaError
 from ir.ops.registry import suggest
 
@@ -176,36 +177,19 @@ def _check_int(field: str, value: Any, minimum: int, what: str) -> None:
 
 
 def parse_endpoints(pservers: Any, what: str = "pservers") -> tuple[str, ...]:
-    """``"h:p,h:p"`` (or a list) → endpoints, each ``host:port`` with 1 <= port <= 65535, no duplicates."""
-    if isinstance(pservers, (list, tuple)):
-        items = list(pservers)
-    elif isinstance(pservers, str):
-        items = pservers.split(",")
-    else:
-        raise TranspilerError(f"{what} must be a comma-separated string of host:port, got {pservers!r}",
-                              hint='e.g. "127.0.0.1:6174,127.0.0.1:6175"', code="E701")
-    eps = [e.strip() if isinstance(e, str) else e for e in items]
-    if not eps or eps == [""]:
-        raise TranspilerError(f"{what} is empty; expected at least one host:port endpoint",
-                              hint='e.g. "127.0.0.1:6174"', code="E701")
-    for ep in eps:
-        check_endpoint(ep)
-    dups = sorted({e for e in eps if eps.count(e) > 1})
-    if dups:
-        raise TranspilerError(f"{what} lists {dups} more than once; expected distinct endpoints",
-                              hint="give each pserver once", code="E701")
-    return tuple(eps)
+    """``"h:p,h:p"`` (or a list) → canonical endpoints (``ir.endpoints`` parses); ``what`` names the argument."""
+    try:
+        return endpoints.parse_endpoint_list(pservers, what)
+    except endpoints.EndpointSyntaxError as err:
+        raise TranspilerError(err.message, hint=err.hint, code="E701") from None
 
 
-def check_endpoint(ep: Any) -> str:
-    if not isinstance(ep, str) or ":" not in ep:
-        raise TranspilerError(f"endpoint {ep!r} is malformed; expected host:port", hint='e.g. "127.0.0.1:6174"',
-                              code="E701")
-    host, _, port = ep.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise TranspilerError(f"endpoint {ep!r} is malformed; expected host:port with a port in 1..65535",
-                              hint='e.g. "127.0.0.1:6174"', code="E701")
-    return ep
+def check_endpoint(ep: Any, what: str = "current_endpoint") -> str:
+    """``ep`` in canonical ``host:port`` form."""
+    try:
+        return endpoints.canonical_endpoint(ep, what)
+    except endpoints.EndpointSyntaxError as err:
+        raise TranspilerError(err.message, hint=err.hint, code="E701") from None
 
 
 def check_trainers(trainers: Any, trainer_id: Any) -> tuple[int, int]:

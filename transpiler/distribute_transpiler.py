@@ -31,6 +31,7 @@ import sys
 import weakref
 from typing import Any, NamedTuple
 
+from ir import endpoints
 from ir.core import Program, default_main_program, default_startup_program
 from ir.program_set import ProgramRole, ProgramSet
 from ir.verify import verify_program_set
@@ -206,6 +207,10 @@ class DistributeTranspiler:
                                   f"program for {endpoint!r}",
                                   hint="every process is a trainer: use get_trainer_program() and "
                                        "get_trainer_startup_program()", code="E714")
+        try:  # "127.0.0.1:06174 " names 127.0.0.1:6174 too
+            endpoint = endpoints.canonical_endpoint(endpoint, "endpoint")
+        except endpoints.EndpointSyntaxError:
+            pass
         if not isinstance(endpoint, str) or endpoint not in self.plan.pservers:
             raise TranspilerError(f"endpoint {endpoint!r} is not one of the pservers {list(self.plan.pservers)}",
                                   hint="pass one of the endpoints given to transpile(pservers=...)", code="E706")
