@@ -1,0 +1,45 @@
+"""A Fluid script's trainer, as real processes (issue 21): it says which pservers it is still waiting for
+instead of staying silent until its deadline, and a script that never calls ``exe.close()`` still ends
+its job cleanly (Complete is sent at interpreter exit).
+
+Each test starts ``fluid_no_close.py`` (a Fluid 1.5 script, only its import rewritten) under
+``subprocess.run`` with a timeout, on free 127.0.0.1 ports.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+from runtime.launch import free_ports
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
+SCRIPT = str(pathlib.Path(__file__).resolve().parent / "fluid_no_close.py")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "TRAINING_ROLE", "FLAGS_"))}
+    env.update(PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu", **extra)
+    return env
+
+
+def test_trainer_reports_the_pservers_it_waits_for() -> None:
+    """Nothing listens on the pserver's port: the trainer prints a line a second (FLAGS_rpc_wait_report_ms)
+    naming the endpoint and the seconds left, then fails at the deadline naming it."""
+    (port,) = free_ports(1)
+    endpoint = f"127.0.0.1:{port}"
+    env = _env(TRAINING_ROLE="TRAINER", PADDLE_TRAINER_ID="0", PADDLE_TRAINERS_NUM="1",
+               PADDLE_PSERVERS_IP_PORT_LIST=endpoint, FLAGS_rpc_deadline="3500", FLAGS_rpc_wait_report_ms="1000")
+    done = subprocess.run([sys.executable, SCRIPT], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    waits = [line for line in done.stderr.splitlines() if "waiting for pserver(s)" in line]
+    assert len(waits) >= 2, done.stderr
+    pattern = re.compile(rf"trainer 0: waiting for pserver\(s\) {re.escape(endpoint)} to accept connections; "
+                         r"(\d+)s left of the 3.5s deadline \(FLAGS_rpc_deadline\)")
+    lefts = [int(pattern.fullmatch(line).group(1)) for line in waits]  # type: ignore[union-attr]
+    assert lefts == sorted(lefts, reverse=True) and lefts[0] <= 3
+    assert f"pserver(s) ['{endpoint}'] did not come up within 3.5s" in done.stderr
+
