@@ -394,16 +394,29 @@ class RPCClient:
     def health(self, endpoint: str) -> pb.HealthReply:
         return pb.HealthReply.FromString(self._call(endpoint, "Health", pb.HealthRequest().SerializeToString(), ""))
 
-    def close(self) -> None:
-        """Send Complete to every pserver this client talked to, then release the channels."""
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def announced_endpoints(self) -> list[str]:
+        """The pservers this client announced itself to: the ones its Complete goes to."""
+        return [name for name, ep in self._endpoints.items() if ep.announced]
+
+    def close(self, at_exit: bool = False) -> None:
+        """Send Complete to every pserver this client talked to, then release the channels. ``at_exit``:
+        the interpreter is exiting, the thread pools are shut down, so the Completes go one by one."""
         if self._closed:
             return
         try:
             self.wait_sends()
             self._drain_pulls()
             req = pb.CompleteRequest(trainer_id=self.trainer_id, incarnation=self.incarnation).SerializeToString()
-            talked = [name for name, ep in self._endpoints.items() if ep.announced]
-            self._all([(ep, "Complete", req, "") for ep in talked])
+            jobs = [(ep, "Complete", req, "") for ep in self.announced_endpoints()]
+            if at_exit:
+                for job in jobs:
+                    self._call(*job)
+            else:
+                self._all(jobs)
         finally:
             self._closed = True
             self._pool.shutdown(wait=False)

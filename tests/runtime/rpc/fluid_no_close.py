@@ -1,6 +1,7 @@
 """A Fluid 1.5 parameter-server script as Paddle's manual wrote it, ``paddle.fluid`` rewritten to
 ``flotilla.fluid`` and nothing else, which never calls ``exe.close()``: its role comes from Paddle's
-environment variables, a pserver serves, a trainer trains a few steps and prints ``trainer N done``.
+environment variables, a pserver serves, a trainer trains a few steps and prints ``trainer N done``
+(with ``--fail``, trainer 0 then raises instead).
 
 Issue 21: the executor must still send Complete when the interpreter exits, so the pservers and the
 launcher finish cleanly; and a trainer whose pservers are not up must say so while it waits.
@@ -44,6 +45,8 @@ def main() -> None:
         exe.run(fluid.default_main_program(), feed={"x": rng.normal(size=(4, 4)).astype("float32"),
                                                     "y": rng.normal(size=(4, 1)).astype("float32")},
                 fetch_list=[loss])
+    if "--fail" in sys.argv and trainer_id == 0:
+        raise RuntimeError("trainer 0 fails after training")
     print(f"trainer {trainer_id} done", flush=True)  # and no exe.close(), as in many Fluid scripts
 
 

@@ -12,6 +12,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 from runtime.launch import free_ports
 
@@ -43,3 +44,33 @@ def test_trainer_reports_the_pservers_it_waits_for() -> None:
     assert lefts == sorted(lefts, reverse=True) and lefts[0] <= 3
     assert f"pserver(s) ['{endpoint}'] did not come up within 3.5s" in done.stderr
 
+
+def test_script_without_exe_close_finishes_cleanly() -> None:
+    """Two pservers and two trainers under the launcher; the trainers exit without ``exe.close()``. Complete
+    goes out at interpreter exit (and says so), the pservers exit by themselves, the launcher exits 0."""
+    ports = free_ports(2)
+    servers = ",".join(f"127.0.0.1:{p}" for p in ports)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "runtime.launch", "--servers", servers, "--worker_num", "2",
+                           SCRIPT], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=150)
+    took = time.monotonic() - started
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "trainer 0 done" in out and "trainer 1 done" in out
+    assert "stopped by the launcher" not in out, out  # the pservers exited on their own
+    assert out.count("sent Complete at interpreter exit") == 2, out
+    assert took < 50, (took, out)  # the launcher's stop timeout (60 s) was never reached
+
+
+def test_failed_script_sends_no_complete_at_exit() -> None:
+    """A trainer that dies of an exception must not look finished: no Complete at exit, so the pservers
+    keep waiting for it and the launcher stops the job as failed."""
+    ports = free_ports(1)
+    done = subprocess.run([sys.executable, "-m", "runtime.launch", "--servers", f"127.0.0.1:{ports[0]}",
+                           "--worker_num", "1", SCRIPT, "--fail"], cwd=REPO_ROOT, env=_env(), capture_output=True,
+                          text=True, timeout=150)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    assert "trainer 0 fails after training" in out
+    assert "the script failed, so its Executor sends no Complete at interpreter exit" in out, out
+    assert "every trainer completed" not in out, out
