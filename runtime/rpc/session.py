@@ -59,7 +59,6 @@ class RPCSession:
     def __init__(self) -> None:
         self._clients: dict[int, "RPCClient"] = {}
         self._states: dict[int, TrainerKernelState] = {}
-        self._closed = False
 
     @property
     def active(self) -> bool:
@@ -84,7 +83,6 @@ class RPCSession:
 
     def close(self) -> None:
         """Close every client, in the order they were made (each tells its pservers Complete)."""
-        self._closed = True
         try:
             for client in self._clients.values():
                 client.close()
