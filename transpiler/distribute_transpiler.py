@@ -207,13 +207,14 @@ class DistributeTranspiler:
                                   f"program for {endpoint!r}",
                                   hint="every process is a trainer: use get_trainer_program() and "
                                        "get_trainer_startup_program()", code="E714")
+        hint = "pass one of the endpoints given to transpile(pservers=...)"
         try:  # "127.0.0.1:06174 " names 127.0.0.1:6174 too
             endpoint = endpoints.canonical_endpoint(endpoint, "endpoint")
-        except endpoints.EndpointSyntaxError:
-            pass
+        except endpoints.EndpointSyntaxError as err:
+            hint = f"{err.message}; {hint}"
         if not isinstance(endpoint, str) or endpoint not in self.plan.pservers:
             raise TranspilerError(f"endpoint {endpoint!r} is not one of the pservers {list(self.plan.pservers)}",
-                                  hint="pass one of the endpoints given to transpile(pservers=...)", code="E706")
+                                  hint=hint, code="E706")
         return ProgramRole.pserver(endpoint)
 
     def get_trainer_program(self, wait_port: bool = True) -> Program:

@@ -81,6 +81,9 @@ def test_get_pserver_program_takes_any_spelling_of_a_listed_endpoint() -> None:
     t = DistributeTranspiler()
     t.transpile(0, program=main, startup_program=startup, pservers="127.0.0.1:6174,127.0.0.1:6175", trainers=1)
     assert t.get_pserver_program(" 127.0.0.1:06175") is not None
+    with pytest.raises(FlotillaError) as info:
+        t.get_pserver_program("http://127.0.0.1:6175")
+    assert info.value.code == "E706" and "URL scheme 'http://'" in info.value.hint
 
 
 def test_role_environment_uses_the_same_parser() -> None:
