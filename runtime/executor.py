@@ -101,6 +101,64 @@ class _RunScope(Scope):
         self.parent.erase(names)
 
 
+@dataclass(frozen=True)
+class _IdBound:
+    """A fed variable read as ids of ``table`` (``height`` rows); ``padding`` (-1: none) reads zeros."""
+
+    table: str
+    height: int
+    padding: int
+
+
+#: Per program: (version, feed name -> the tables it indexes), a static fact of the program.
+_ID_BOUNDS: "weakref.WeakKeyDictionary[Program, tuple[int, dict[str, list[_IdBound]]]]" = weakref.WeakKeyDictionary()
+
+
+def _id_bounds(program: Program, block: Block) -> dict[str, list[_IdBound]]:
+    """The variables of ``block`` read directly as the Ids of a lookup_table (a local table) or split for
+    a distributed table's prefetch, with each table's height."""
+    cached = _ID_BOUNDS.get(program)
+    if cached is not None and cached[0] == program.version:
+        return cached[1]
+    bounds: dict[str, list[_IdBound]] = {}
+
+    def add(ids: str, table: str, padding: int) -> None:
+        var = block.find_var_recursive(table)
+        if var is not None and var.shape and var.shape[0] > 0:
+            bounds.setdefault(ids, []).append(_IdBound(table, int(var.shape[0]), padding))
+
+    split_by_output = {tuple(op.output("Out")): op for op in block.ops if op.type == "split_ids"}
+    for op in block.ops:
+        if op.type == "lookup_table":
+            add(op.input("Ids")[0], op.input("W")[0], int(op.attr("padding_idx")))
+        elif op.type == "prefetch" and op.attr("table_names"):
+            split = split_by_output.get(tuple(op.input("X")))
+            for ids in split.input("Ids") if split is not None else ():
+                add(ids, op.attr("table_names")[0], -1)
+    _ID_BOUNDS[program] = (program.version, bounds)
+    return bounds
+
+
+def _check_ids(program: Program, block: Block, feed: Mapping[str, Any]) -> None:
+    """Refuse a fed id outside its table before the compiled step: there it would read a NaN row (the
+    kernel's fill), and the loss, not the input, would show the mistake. The ids are numpy already."""
+    bounds = _id_bounds(program, block)
+    for name, value in feed.items():
+        if name not in bounds or not isinstance(value, np.ndarray) or not value.size:
+            continue
+        low, high = int(value.min()), int(value.max())
+        for bound in bounds[name]:
+            if low >= 0 and high < bound.height:
+                continue
+            bad = value[(value < 0) | (value >= bound.height)]
+            bad = bad[bad != bound.padding] if bound.padding != -1 else bad
+            if bad.size:
+                raise FeedError(f"feed {name!r} holds id {int(bad.flat[0])}, outside the table {bound.table!r} of "
+                                f"height {bound.height} ({bad.size} such id(s) in the batch)",
+                                hint=f"ids index rows 0..{bound.height - 1}: fix the data, or enlarge the table "
+                                     "(the size of layers.embedding)")
+
+
 def _op_where(block: Block, i: int, op: Operator) -> str:
     return f"block {block.idx}/op {i} ({op.type})"
 
@@ -162,6 +220,7 @@ class Executor:
         fetch = [_trainer_copy_of(block, _fetch_name(f)) for f in (fetch_list or [])]
         feed = expand_lod_feeds(block, feed)  # a LoD feed becomes its bucket-padded rows and its lengths
         checked = {name: self._check_feed(block, name, value) for name, value in feed.items()}
+        _check_ids(program, block, checked)
         plan = self._plan(program, tuple(sorted(feed)), tuple(fetch))
         # Feeds and temporaries live in a per-run scope: a later run that omits a feed fails instead of
         # silently reusing the previous batch. Persistable results go through to the caller's scope.

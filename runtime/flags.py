@@ -2,6 +2,8 @@
 hot path), validated, and handed on in explicit objects.
 
 ``FLAGS_rpc_deadline``          ms, deadline of every RPC and of the wait for pservers to come up (180000)
+``FLAGS_rpc_wait_report_ms``    ms between two stderr lines of a trainer waiting for pservers to come up,
+                                naming the ones still missing and the time left (10000)
 ``FLAGS_rpc_retry_times``       attempts of an idempotent RPC that failed UNAVAILABLE (3)
 ``FLAGS_pserver_timeout_ms``    ms a pserver waits for a missing trainer before failing (120000); keep it
                                 below FLAGS_rpc_deadline so the pserver names the missing trainer first
@@ -44,7 +46,7 @@ from typing import Mapping
 from ir.errors import FlotillaError
 
 DEFAULTS = {"FLAGS_rpc_deadline": 180_000, "FLAGS_rpc_retry_times": 3, "FLAGS_pserver_timeout_ms": 120_000,
-            "FLAGS_communicator_max_staleness": 1}
+            "FLAGS_communicator_max_staleness": 1, "FLAGS_rpc_wait_report_ms": 10_000}
 MINIMUMS = {"FLAGS_communicator_max_staleness": 0}  # every other integer flag is at least 1
 BOOL_DEFAULTS = {"FLAGS_pserver_allow_rejoin": True, "FLAGS_pserver_check_finite": True, "FLAGS_rpc_tune_malloc": True}
 

@@ -19,7 +19,7 @@ Invariants:
   and how to fix it; nothing is guessed or silently dropped.
 - Endpoints are kept in canonical ``host:port`` form (surrounding blanks dropped, the port as a plain
   decimal), so two spellings of one endpoint compare equal.
-- This module imports only the standard library and ``ir.errors`` (no jax, no grpc): the launcher and
+- This module imports only the standard library, ``ir.errors`` and ``ir.endpoints`` (no jax, no grpc): the launcher and
   light tools use it.
 """
 from __future__ import annotations
@@ -28,6 +28,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from ir import endpoints
+from ir.endpoints import format_endpoint
 from ir.errors import FlotillaError
 
 PSERVER = "PSERVER"
@@ -48,9 +50,6 @@ ROLE_ENV_VARS = (
     "FLAGS_selected_gpus",
 )
 
-_ENDPOINT_HINT = "write an endpoint as host:port (e.g. 127.0.0.1:6174) and a list as host:port,host:port"
-
-
 class LaunchError(FlotillaError):
     """A bad role environment or a bad launcher invocation.
 
@@ -64,48 +63,20 @@ class LaunchError(FlotillaError):
 
 
 def parse_endpoint(text: str, where: str) -> tuple[str, int]:
-    """``host:port`` → ``(host, port)``; ``where`` names the source (a variable or flag) for the error.
-
-    The host is a name, an IPv4 address or a bracketed IPv6 address (``[::1]:6174``); the port is a
-    decimal in 1..65535.
-    """
-    item = text.strip()
-    host, sep, port_text = item.rpartition(":")
-    problem = None
-    if not sep or not host:
-        problem = "it has no host:port form"
-    elif any(c.isspace() or c == "," for c in host):
-        problem = "its host contains a blank or a comma"
-    elif ":" in host and not (host.startswith("[") and host.endswith("]")):
-        problem = "an IPv6 host must be bracketed, as in [::1]:6174"
-    elif not port_text.isdigit():
-        problem = f"its port {port_text!r} is not a decimal number"
-    elif not 1 <= int(port_text) <= 65535:
-        problem = f"its port {int(port_text)} is outside 1..65535"
-    if problem is not None:
-        raise LaunchError(f"{where}: {item!r} is not an endpoint: {problem}", hint=_ENDPOINT_HINT, code="E803")
-    return host, int(port_text)
-
-
-def format_endpoint(host: str, port: int) -> str:
-    """The canonical text of an endpoint: ``host:port``."""
-    return f"{host}:{port}"
+    """``host:port`` → ``(host, port)`` (``ir.endpoints`` parses); ``where`` names the source (a variable
+    or flag) for the error."""
+    try:
+        return endpoints.parse_endpoint(text, where)
+    except endpoints.EndpointSyntaxError as err:
+        raise LaunchError(err.message, hint=err.hint, code="E803") from None
 
 
 def parse_endpoint_list(text: str, where: str) -> tuple[str, ...]:
     """A comma-separated endpoint list → canonical endpoints; empty items and duplicates are errors."""
-    items = text.split(",")
-    endpoints: list[str] = []
-    for position, item in enumerate(items):
-        if not item.strip():
-            raise LaunchError(f"{where}: item {position} of {text!r} is empty", hint=_ENDPOINT_HINT + " (no empty "
-                              "items, no trailing comma)", code="E803")
-        endpoint = format_endpoint(*parse_endpoint(item, where))
-        if endpoint in endpoints:
-            raise LaunchError(f"{where}: endpoint {endpoint} appears twice in {text!r}",
-                              hint="every process needs an endpoint of its own; remove the duplicate", code="E803")
-        endpoints.append(endpoint)
-    return tuple(endpoints)
+    try:
+        return endpoints.parse_endpoint_list(text, where)
+    except endpoints.EndpointSyntaxError as err:
+        raise LaunchError(err.message, hint=err.hint, code="E803") from None
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,20 @@ E706 an endpoint not in the pserver list, E709 enable_dc_asgd with sync_mode, E7
 E711 mode (and the collective options), E712 a program argument that is not a Program, E714 a pserver
 program asked for in a collective mode, E715 a field the config does not have (set by mistake, e.g.
 ``config.slice_var_upp = True``: it names the closest field), E717 the Geo-SGD options (``geo_sgd_mode``
-outside pserver mode, with ``sync_mode`` or with ``enable_dc_asgd``; ``geo_sgd_need_push_nums`` < 1). The passes add E601 (no optimizer ops), E602 (several distributed
+outside pserver mode, with ``sync_mode`` or with ``enable_dc_asgd``; ``geo_sgd_need_push_nums`` < 1), E721
+the sync/async fields (``sync_mode``, ``runtime_split_send_recv``, ``half_async``, ``completely_not_async``)
+and ``hierarchical_allreduce_inter_nranks``. The passes add E601 (no optimizer ops), E602 (several distributed
 tables), E603/E604 (an optimizer the pserver cannot run), E620-E623 (collective rewrites).
+
+Every field of Fluid 1.5's and 1.6's config exists, so a ported script's assignments keep their meaning:
+``sync_mode`` (None: ``transpile``'s ``sync_mode`` argument decides; True/False: the config wins, as a
+Fluid 1.6 script that only sets ``config.sync_mode = False`` expects), ``completely_not_async`` (Fluid's
+synchronous pserver under runtime splitting: here plain sync training), ``runtime_split_send_recv``
+(Fluid split and merged sliced variables inside its send/recv ops instead of split/concat ops; Flotilla's
+trainer program always uses ops, so the values sent and received, hence the training, are the same and
+the flag changes nothing), ``hierarchical_allreduce_inter_nranks`` (only read with
+``use_hierarchical_allreduce``, which is refused: XLA picks the algorithm). ``half_async`` (async updates
+plus a trainer barrier every step) has no equivalent and is refused with what to use instead.
 
 Geo-SGD (Paddle 1.6's ``geo_sgd_mode``, async pserver mode only): every trainer trains its own copy of the
 parameters (a distributed lookup table included: the trainer then holds the whole table) and, every
@@ -23,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ir import endpoints
 from ir.errors import FlotillaError
 from ir.ops.registry import suggest
 
@@ -57,9 +70,15 @@ class DistributeTranspilerConfig:
     fuse_grad_size_in_MB: float = 32.0  # gradient buckets for one allreduce each; 0 = one allreduce a gradient
     local_sgd_steps: int = 1  # local_sgd: average the parameters every k steps
     use_hierarchical_allreduce: bool = False
+    hierarchical_allreduce_inter_nranks: int = 0
     # Geo-SGD (pserver mode, sync_mode=False): sync the parameters (and table rows) every k steps as deltas.
     geo_sgd_mode: bool = False
     geo_sgd_need_push_nums: int = 100  # k: local steps between two syncs
+    # Sync/async (pserver mode): see the module docstring.
+    sync_mode: bool | None = None  # None: transpile's sync_mode argument decides
+    runtime_split_send_recv: bool = False
+    half_async: bool = False
+    completely_not_async: bool = False
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Fluid scripts set the config field by field; a misspelt field must not be silently ignored.
@@ -72,6 +91,16 @@ class DistributeTranspilerConfig:
     @property
     def is_collective(self) -> bool:
         return self.mode in COLLECTIVE_MODES
+
+    def effective_sync_mode(self, argument: Any) -> bool:
+        """Sync or async for ``transpile(sync_mode=argument)``: the config's own choice wins when it makes one."""
+        if self.completely_not_async:
+            if self.sync_mode is False:
+                raise TranspilerError("completely_not_async (synchronous training) and sync_mode=False are both "
+                                      "set", hint="unset one of them: completely_not_async means sync_mode=True",
+                                      code="E721")
+            return True
+        return bool(argument if self.sync_mode is None else self.sync_mode)
 
     def validated(self) -> "DistributeTranspilerConfig":
         """A checked copy with ``split_method`` defaulted to RoundRobin."""
@@ -106,6 +135,17 @@ class DistributeTranspilerConfig:
         if self.use_hierarchical_allreduce:
             raise TranspilerError("use_hierarchical_allreduce is not supported: XLA chooses the collective "
                                   "algorithm itself", hint="leave use_hierarchical_allreduce False", code="E711")
+        inter = self.hierarchical_allreduce_inter_nranks
+        if isinstance(inter, bool) or not isinstance(inter, int) or inter < 0:
+            raise TranspilerError(f"hierarchical_allreduce_inter_nranks must be an int >= 0, got {inter!r}",
+                                  hint="it is read only with use_hierarchical_allreduce; leave it 0", code="E721")
+        if self.sync_mode is not None and not isinstance(self.sync_mode, bool):
+            raise TranspilerError(f"sync_mode must be True, False or None, got {self.sync_mode!r}",
+                                  hint="None lets transpile's sync_mode argument decide", code="E721")
+        if self.half_async:
+            raise TranspilerError("half_async is not supported: Flotilla has no async mode with a trainer barrier "
+                                  "every step", hint="use sync_mode=True (updates in lockstep) or sync_mode=False "
+                                                     "(each gradient applied on arrival)", code="E721")
         push = self.geo_sgd_need_push_nums
         if isinstance(push, bool) or not isinstance(push, int) or push < 1:
             raise TranspilerError(f"geo_sgd_need_push_nums must be an int >= 1 (the local steps between two "
@@ -120,10 +160,15 @@ class DistributeTranspilerConfig:
                 raise TranspilerError("geo_sgd_mode and enable_dc_asgd are both set; they are different async "
                                       "algorithms", hint="disable one of them (geo_sgd_mode sends parameter deltas, "
                                                          "DC-ASGD compensates stale gradients)", code="E717")
-        return DistributeTranspilerConfig(bool(self.slice_var_up), split, mbs, self.mode, bool(self.enable_dc_asgd),
-                                          bool(self.print_log), bool(self.wait_port), coll, int(self.nccl_comm_num),
-                                          float(fuse), int(self.local_sgd_steps), False, bool(self.geo_sgd_mode),
-                                          int(push))
+        return DistributeTranspilerConfig(
+            slice_var_up=bool(self.slice_var_up), split_method=split, min_block_size=mbs, mode=self.mode,
+            enable_dc_asgd=bool(self.enable_dc_asgd), print_log=bool(self.print_log), wait_port=bool(self.wait_port),
+            collective_mode=coll, nccl_comm_num=int(self.nccl_comm_num), fuse_grad_size_in_MB=float(fuse),
+            local_sgd_steps=int(self.local_sgd_steps), use_hierarchical_allreduce=False,
+            hierarchical_allreduce_inter_nranks=inter, geo_sgd_mode=bool(self.geo_sgd_mode),
+            geo_sgd_need_push_nums=int(push), sync_mode=self.sync_mode,
+            runtime_split_send_recv=bool(self.runtime_split_send_recv), half_async=False,
+            completely_not_async=bool(self.completely_not_async))
 
 
 def _check_int(field: str, value: Any, minimum: int, what: str) -> None:
@@ -132,36 +177,19 @@ def _check_int(field: str, value: Any, minimum: int, what: str) -> None:
 
 
 def parse_endpoints(pservers: Any, what: str = "pservers") -> tuple[str, ...]:
-    """``"h:p,h:p"`` (or a list) → endpoints, each ``host:port`` with 1 <= port <= 65535, no duplicates."""
-    if isinstance(pservers, (list, tuple)):
-        items = list(pservers)
-    elif isinstance(pservers, str):
-        items = pservers.split(",")
-    else:
-        raise TranspilerError(f"{what} must be a comma-separated string of host:port, got {pservers!r}",
-                              hint='e.g. "127.0.0.1:6174,127.0.0.1:6175"', code="E701")
-    eps = [e.strip() if isinstance(e, str) else e for e in items]
-    if not eps or eps == [""]:
-        raise TranspilerError(f"{what} is empty; expected at least one host:port endpoint",
-                              hint='e.g. "127.0.0.1:6174"', code="E701")
-    for ep in eps:
-        check_endpoint(ep)
-    dups = sorted({e for e in eps if eps.count(e) > 1})
-    if dups:
-        raise TranspilerError(f"{what} lists {dups} more than once; expected distinct endpoints",
-                              hint="give each pserver once", code="E701")
-    return tuple(eps)
+    """``"h:p,h:p"`` (or a list) → canonical endpoints (``ir.endpoints`` parses); ``what`` names the argument."""
+    try:
+        return endpoints.parse_endpoint_list(pservers, what)
+    except endpoints.EndpointSyntaxError as err:
+        raise TranspilerError(err.message, hint=err.hint, code="E701") from None
 
 
-def check_endpoint(ep: Any) -> str:
-    if not isinstance(ep, str) or ":" not in ep:
-        raise TranspilerError(f"endpoint {ep!r} is malformed; expected host:port", hint='e.g. "127.0.0.1:6174"',
-                              code="E701")
-    host, _, port = ep.rpartition(":")
-    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise TranspilerError(f"endpoint {ep!r} is malformed; expected host:port with a port in 1..65535",
-                              hint='e.g. "127.0.0.1:6174"', code="E701")
-    return ep
+def check_endpoint(ep: Any, what: str = "current_endpoint") -> str:
+    """``ep`` in canonical ``host:port`` form."""
+    try:
+        return endpoints.canonical_endpoint(ep, what)
+    except endpoints.EndpointSyntaxError as err:
+        raise TranspilerError(err.message, hint=err.hint, code="E701") from None
 
 
 def check_trainers(trainers: Any, trainer_id: Any) -> tuple[int, int]:

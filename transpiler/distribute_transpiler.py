@@ -31,6 +31,7 @@ import sys
 import weakref
 from typing import Any, NamedTuple
 
+from ir import endpoints
 from ir.core import Program, default_main_program, default_startup_program
 from ir.program_set import ProgramRole, ProgramSet
 from ir.verify import verify_program_set
@@ -75,6 +76,7 @@ class DistributeTranspiler:
         """Build every role's programs (see the module docstring). A program passed explicitly is not
         modified (unless ``in_place``); an omitted one means the default program, rewritten in place.
 
+        ``config.sync_mode`` (or ``completely_not_async``), when set, wins over the ``sync_mode`` argument.
         In the collective modes ``trainers`` lists every trainer's endpoint (``"ip:port,ip:port"``),
         ``pservers`` and ``sync_mode`` are ignored, and ``current_endpoint`` (default: entry
         ``trainer_id`` of ``trainers``) must be this trainer's entry."""
@@ -118,6 +120,7 @@ class DistributeTranspiler:
         trainers, trainer_id = check_trainers(trainers, trainer_id)
         if current_endpoint is not None:
             check_endpoint(current_endpoint)
+        sync_mode = self.config.effective_sync_mode(sync_mode)
         if self.config.enable_dc_asgd and sync_mode:
             raise TranspilerError("enable_dc_asgd needs asynchronous training, but sync_mode is True",
                                   hint="pass sync_mode=False, or disable enable_dc_asgd", code="E709")
@@ -204,9 +207,14 @@ class DistributeTranspiler:
                                   f"program for {endpoint!r}",
                                   hint="every process is a trainer: use get_trainer_program() and "
                                        "get_trainer_startup_program()", code="E714")
+        hint = "pass one of the endpoints given to transpile(pservers=...)"
+        try:  # "127.0.0.1:06174 " names 127.0.0.1:6174 too
+            endpoint = endpoints.canonical_endpoint(endpoint, "endpoint")
+        except endpoints.EndpointSyntaxError as err:
+            hint = f"{err.message}; {hint}"
         if not isinstance(endpoint, str) or endpoint not in self.plan.pservers:
             raise TranspilerError(f"endpoint {endpoint!r} is not one of the pservers {list(self.plan.pservers)}",
-                                  hint="pass one of the endpoints given to transpile(pservers=...)", code="E706")
+                                  hint=hint, code="E706")
         return ProgramRole.pserver(endpoint)
 
     def get_trainer_program(self, wait_port: bool = True) -> Program:

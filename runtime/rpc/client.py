@@ -22,7 +22,8 @@ Robustness: every call has a deadline (``FLAGS_rpc_deadline`` ms, read when the 
 calls that failed UNAVAILABLE are retried with backoff up to ``FLAGS_rpc_retry_times`` attempts (every
 call here is idempotent: sends carry a per-variable sequence number the pserver deduplicates on,
 barriers and Complete count trainers). The first contact with each endpoint waits (bounded by the
-deadline) until the pserver accepts connections and names every endpoint still missing.
+deadline) until the pserver accepts connections, printing every ``FLAGS_rpc_wait_report_ms`` (10 s) to
+stderr the endpoints still missing and the time left, and at the deadline names every one still missing.
 Errors are ``RPCError``s naming the method, the endpoint and the pserver's message.
 
 Identity: each client draws a random incarnation id and announces (trainer id, incarnation) to every
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import secrets
+import sys
 import threading
 import time
 from concurrent import futures
@@ -114,6 +116,7 @@ class RPCClient:
         self.incarnation = incarnation if incarnation is not None else secrets.randbits(63) | 1
         self._joined = False
         self.deadline = deadline if deadline is not None else flag("FLAGS_rpc_deadline") / 1000.0
+        self.wait_report = flag("FLAGS_rpc_wait_report_ms") / 1000.0
         self.retries = retries if retries is not None else flag("FLAGS_rpc_retry_times")
         self.max_message = max_message
         self.step = 0
@@ -141,20 +144,32 @@ class RPCClient:
             return ep
 
     def wait_ready(self, endpoints: Iterable[str]) -> None:
-        """Wait (at most the deadline) until every endpoint accepts connections."""
+        """Wait (at most the deadline) until every endpoint accepts connections, saying on stderr every
+        ``wait_report`` seconds which ones are still missing: a silent wait looks like a hang."""
         eps = [self._endpoint(e) for e in dict.fromkeys(endpoints)]
-        waiting = {ep.endpoint: grpc.channel_ready_future(ep.channel) for ep in eps if not ep.ready}
+        pending = {ep.endpoint: grpc.channel_ready_future(ep.channel) for ep in eps if not ep.ready}
         end = time.monotonic() + self.deadline
-        missing = []
-        for name, fut in waiting.items():
-            try:
-                fut.result(timeout=max(0.0, end - time.monotonic()))
+        next_report = time.monotonic() + self.wait_report
+        while pending:
+            for name in list(pending):
+                try:
+                    pending[name].result(timeout=max(0.0, min(end, next_report) - time.monotonic()))
+                except grpc.FutureTimeoutError:
+                    continue
                 self._endpoints[name].ready = True
-            except grpc.FutureTimeoutError:
-                fut.cancel()
-                missing.append(name)
-        if missing:
-            raise RPCError(f"trainer {self.trainer_id}: pserver(s) {missing} did not come up within "
+                del pending[name]
+            now = time.monotonic()
+            if not pending or now >= end:
+                break
+            if now >= next_report:
+                _log_stderr(f"trainer {self.trainer_id}: waiting for pserver(s) {', '.join(pending)} to accept "
+                            f"connections; {end - now:.0f}s left of the {self.deadline:g}s deadline "
+                            "(FLAGS_rpc_deadline)")
+                next_report = now + self.wait_report
+        for fut in pending.values():
+            fut.cancel()
+        if pending:
+            raise RPCError(f"trainer {self.trainer_id}: pserver(s) {list(pending)} did not come up within "
                            f"{self.deadline:g}s", hint="start the pservers first (flotilla launch does), check the "
                            "endpoints, or raise FLAGS_rpc_deadline")
 
@@ -379,16 +394,29 @@ class RPCClient:
     def health(self, endpoint: str) -> pb.HealthReply:
         return pb.HealthReply.FromString(self._call(endpoint, "Health", pb.HealthRequest().SerializeToString(), ""))
 
-    def close(self) -> None:
-        """Send Complete to every pserver this client talked to, then release the channels."""
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def announced_endpoints(self) -> list[str]:
+        """The pservers this client announced itself to: the ones its Complete goes to."""
+        return [name for name, ep in self._endpoints.items() if ep.announced]
+
+    def close(self, at_exit: bool = False) -> None:
+        """Send Complete to every pserver this client talked to, then release the channels. ``at_exit``:
+        the interpreter is exiting, the thread pools are shut down, so the Completes go one by one."""
         if self._closed:
             return
         try:
             self.wait_sends()
             self._drain_pulls()
             req = pb.CompleteRequest(trainer_id=self.trainer_id, incarnation=self.incarnation).SerializeToString()
-            talked = [name for name, ep in self._endpoints.items() if ep.announced]
-            self._all([(ep, "Complete", req, "") for ep in talked])
+            jobs = [(ep, "Complete", req, "") for ep in self.announced_endpoints()]
+            if at_exit:
+                for job in jobs:
+                    self._call(*job)
+            else:
+                self._all(jobs)
         finally:
             self._closed = True
             self._pool.shutdown(wait=False)
@@ -400,6 +428,10 @@ class RPCClient:
         if self._closed:
             raise RPCError(f"trainer {self.trainer_id}: this client was closed (Executor.close() sent Complete)",
                            hint="use a new Executor for more training")
+
+
+def _log_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _wait_all(pending: Sequence[futures.Future[Any]]) -> None:

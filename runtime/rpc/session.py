@@ -8,9 +8,20 @@ pserver Complete through ``close``). The client only talks; the kernels' memory 
 
 Invariants: made empty with the Executor; no gRPC is imported until a client is first asked for, so a
 local Executor never loads it.
+
+At interpreter exit every session that made a client and was not closed (a Fluid script that never
+calls ``exe.close()``) sends its Complete, saying so on stderr: without it the pservers would wait for the
+trainer until their timeout and the launcher would stop the job as failed. A session registers itself
+with its first client and holds on until closed, even when its Executor is dropped earlier (an executor
+local to a ``main()`` that returned still owes its pservers Complete). Not after an uncaught exception:
+a failed trainer must not look finished, so the pservers report it missing as before. Each Complete at
+exit is bounded by ``AT_EXIT_TIMEOUT_S``, so a hung pserver cannot hold the exit.
 """
 from __future__ import annotations
 
+import atexit
+import sys
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -34,6 +45,14 @@ class TrainerKernelState:
     recv_ahead: set[int] = field(default_factory=set)
 
 
+AT_EXIT_TIMEOUT_S = 15.0
+
+#: Sessions with clients that were not closed yet, by id (see the module docstring).
+_OWING: dict[int, "RPCSession"] = {}
+_hook_lock = threading.Lock()
+_hook_registered = False
+
+
 class RPCSession:
     """The clients and kernel states of one Executor, by trainer id, each made on first use."""
 
@@ -52,6 +71,7 @@ class RPCSession:
         if client is None:
             from runtime.rpc.client import RPCClient  # gRPC loads only for an executor that talks
 
+            _owe_complete(self)
             client = self._clients[trainer_id] = RPCClient(trainer_id)
         return client
 
@@ -63,8 +83,57 @@ class RPCSession:
 
     def close(self) -> None:
         """Close every client, in the order they were made (each tells its pservers Complete)."""
-        for client in self._clients.values():
-            client.close()
+        try:
+            for client in self._clients.values():
+                client.close()
+        finally:
+            _OWING.pop(id(self), None)
+
+
+def _owe_complete(session: RPCSession) -> None:
+    global _hook_registered
+    with _hook_lock:
+        _OWING[id(session)] = session
+        if not _hook_registered:
+            atexit.register(_complete_at_exit)
+            _hook_registered = True
+
+
+def _complete_at_exit() -> None:
+    """Send Complete for every session still owing it (see the module docstring)."""
+    failed = getattr(sys, "last_value", None) is not None  # set by an uncaught exception
+    for session in list(_OWING.values()):
+        _OWING.pop(id(session), None)
+        for trainer_id, client in session._clients.items():
+            if client.closed:
+                continue
+            if failed:
+                _log(f"[flotilla] trainer {trainer_id}: the script failed, so its Executor sends no Complete "
+                     "at interpreter exit (the pservers report the trainer missing)")
+                continue
+            endpoints = client.announced_endpoints()
+            done = threading.Thread(target=_close_quietly, args=(client,), daemon=True,
+                                    name=f"trainer{trainer_id}-complete-at-exit")
+            done.start()
+            done.join(AT_EXIT_TIMEOUT_S)
+            if done.is_alive():
+                _log(f"[flotilla] trainer {trainer_id}: the Executor was never closed and Complete to "
+                     f"{', '.join(endpoints)} did not finish within {AT_EXIT_TIMEOUT_S:g}s at interpreter exit")
+            else:
+                _log(f"[flotilla] trainer {trainer_id}: the Executor was never closed; sent Complete at "
+                     f"interpreter exit to {', '.join(endpoints) or 'no pserver'} (call exe.close() when "
+                     "training is done)")
+
+
+def _close_quietly(client: "RPCClient") -> None:
+    try:
+        client.close(at_exit=True)
+    except Exception as err:  # noqa: BLE001 - the exit goes on; the error is shown
+        _log(f"[flotilla] trainer {client.trainer_id}: Complete at interpreter exit failed: {err}")
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 __all__ = ["RPCSession", "TrainerKernelState"]

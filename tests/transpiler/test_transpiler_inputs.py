@@ -85,7 +85,7 @@ def transpile(main: Program, startup: Program, config: DistributeTranspilerConfi
         ("host:70000", ("endpoint 'host:70000' is malformed", "port in 1..65535")),
         (":1", ("endpoint ':1' is malformed",)),
         ("host:port", ("endpoint 'host:port' is malformed",)),
-        (f"{EP0},", ("endpoint '' is malformed",)),
+        (f"{EP0},", ("item 1", "is empty")),
         (6174, ("pservers must be a comma-separated string",)),
     ],
 )

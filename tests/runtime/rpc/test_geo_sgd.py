@@ -200,7 +200,8 @@ def test_geo_table_init_takes_the_served_table_or_names_the_mismatch(rows: int) 
 
 
 def test_geo_sync_refuses_ids_outside_the_table() -> None:
-    """A lookup reads NaN for an id outside the table; geo_sync, which marks the rows looked up, names it."""
+    """A lookup reads NaN for an id outside the table; a fed one is refused before the step (the executor's
+    feed check, ahead of geo_sync's own check of the rows it marks), naming it."""
     import runtime
     from runtime.scope import ExecutionError, Scope
 
@@ -210,7 +211,7 @@ def test_geo_sync_refuses_ids_outside_the_table() -> None:
         if v.persistable:  # no pserver: the state starts at zero (the step is not a sync step)
             scope.set_var(v.name, np.zeros(v.shape, v.dtype))
     feed = {"ids": np.array([[1, 60]], np.int64), "y": np.zeros((1, 1), np.float32)}
-    with pytest.raises(ExecutionError, match=r"ids \[60\] of 'ids' are outside the 50 rows of table 'table'"):
+    with pytest.raises(ExecutionError, match=r"feed 'ids' holds id 60, outside the table 'table' of height 50"):
         runtime.Executor().run(main, feed=feed, scope=scope)
 
 
