@@ -62,6 +62,11 @@ SCRIPT = textwrap.dedent('''
 
     check_program(run_program())
     check_user_jax()
+    scope = runtime.Scope()  # selected rows made dense outside any run keep their dtype too
+    scope.set_var("rows", runtime.SelectedRows(np.array([1, 3], np.int64), np.array([[1.0 + 1e-12], [2.0]]), 5))
+    dense = scope.numpy("rows")
+    assert dense.dtype == np.float64 and dense[1, 0] == 1.0 + 1e-12, (dense.dtype, dense)
+    check_user_jax()
 
     # Another thread: the executor enters its 64-bit context there too, and leaves that thread's JAX alone.
     errors = []
