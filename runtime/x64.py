@@ -4,10 +4,10 @@ Programs declare int64 ids and float64 tensors, and the runtime honours the decl
 allows only with ``jax_enable_x64``. Turning that flag on for the process would make a user's own JAX
 code (outside any Flotilla program) compute in float64, so Flotilla never changes JAX's global
 configuration: each entry point that hands values to JAX (``Executor.run``, ``Executor.run_block``, the
-row gathers and scatters, JAX capture) enters ``jax.enable_x64(True)``, which is thread-local. A thread
-Flotilla runs JAX on (a pserver's gRPC handlers) goes through one of those entry points, so it needs no
-setting of its own. JAX's compilation caches key on the flag, so code compiled here is never reused
-outside, or the other way round.
+row gathers and scatters of ``runtime.rows``, ``SelectedRows.to_dense``, and JAX capture of a model with
+64-bit leaves) enters ``jax.enable_x64(True)``, which is thread-local. A thread Flotilla runs JAX on (a
+pserver's gRPC handlers) goes through one of those entry points, so it needs no setting of its own. JAX's
+compilation caches key on the flag, so code compiled here is never reused outside, or the other way round.
 """
 from __future__ import annotations
 
