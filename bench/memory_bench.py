@@ -260,7 +260,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if min(args.layers, args.width, args.batch, args.steps) < 1:
         ap.error("--layers, --width, --batch and --steps must be at least 1")
     if args.variant is not None:
-        print(json.dumps(run_variant(args.variant, args.model, args.layers, args.width, args.batch, args.steps)))
+        from runtime.x64 import x64
+
+        with x64():  # the interpreted steps and the lowered runs get the 64-bit types of the Executor's runs
+            print(json.dumps(run_variant(args.variant, args.model, args.layers, args.width, args.batch, args.steps)))
         return []
     rows = []
     for variant in VARIANTS if args.model == "mlp" else [v for v in VARIANTS if not v.startswith("recompute")]:

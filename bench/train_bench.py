@@ -51,6 +51,7 @@ from ir.core import Block, Program  # noqa: E402
 from ir.errors import FlotillaError  # noqa: E402
 from ir.names import EMPTY_VAR_NAME  # noqa: E402
 from runtime.kernels.registry import get_kernel  # noqa: E402
+from runtime.x64 import x64  # noqa: E402
 
 Batch = dict[str, np.ndarray]
 BATCH_SIZE = 512
@@ -290,8 +291,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     print(f"jax {jax.__version__} on {jax.devices()[0].platform}, batch {BATCH_SIZE}", flush=True)
     results = {}
     for name in args.models:
-        case = {"mlp": mlp_case, "captured_mlp": captured_mlp_case}.get(name, lambda: ctr_case(args.hash_dim))()
-        results[name] = bench_case(case, args.steps, args.repeats, args.warmup, args.sample_s)
+        # The hand-written and eager steps compute with the 64-bit types the Executor's runs have (int64 ids).
+        with x64():
+            case = {"mlp": mlp_case, "captured_mlp": captured_mlp_case}.get(name, lambda: ctr_case(args.hash_dim))()
+            results[name] = bench_case(case, args.steps, args.repeats, args.warmup, args.sample_s)
     print()
     print(f"{'model':<12} {'executor ms':>12} {'jax.jit ms':>11} {'eager ms':>10} {'exec/jit':>9} {'eager/jit':>10}"
           f" {'exec/eager':>11} {'exec/jit best':>14}")

@@ -39,6 +39,7 @@ from runtime.place import CPUPlace, CUDAPlace
 from runtime.collective import local_value
 from runtime.lod import expand_lod_feeds
 from runtime.rpc.session import RPCSession
+from runtime.x64 import with_x64
 from runtime.scope import (ExecutionError, FeedError, FetchError, Scope, SelectedRows, ShapeDtypeError,
                            UninitializedVariableError, UntranspiledProgramError, global_scope)
 
@@ -191,6 +192,7 @@ class Executor:
         return self._device
 
     # --- public API
+    @with_x64  # the program's declared 64-bit dtypes, without changing JAX's global configuration
     def run(self, program: Program | None = None, feed: Mapping[str, Any] | None = None,
             fetch_list: Sequence[Any] | None = None, scope: Scope | None = None,
             return_numpy: bool = True, use_program_cache: bool = True) -> list[Any]:
@@ -247,6 +249,7 @@ class Executor:
             raise describe_failure(e) from e  # a collective step failed: a peer died or hung up
         return results
 
+    @with_x64
     def run_block(self, program: Program, block_idx: int, scope: Scope) -> None:
         """Run block ``block_idx`` of ``program`` (e.g. a pserver's optimize block) against ``scope``: reads
         fall through to ``scope``, persistable results are written to it, temporaries die with the run.

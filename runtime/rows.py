@@ -12,12 +12,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from runtime.x64 import with_x64
+
 
 def padded_size(n: int) -> int:
     """The power of two at least ``n`` (0 for 0): the row counts compiled code is padded to."""
     return 1 << (n - 1).bit_length() if n else 0
 
 
+@with_x64  # called from pserver handlers too, outside any Executor.run
 def gather_rows(table: Any, rows: np.ndarray) -> np.ndarray:
     """``table[rows]`` as a new host array (``rows`` in range)."""
     n = len(rows)
@@ -28,6 +31,7 @@ def gather_rows(table: Any, rows: np.ndarray) -> np.ndarray:
     return np.asarray(_gather(table, padded))[:n]
 
 
+@with_x64
 def set_rows(table: Any, rows: np.ndarray, values: np.ndarray) -> Any:
     """``table`` with ``rows`` set to ``values``, in place: ``table`` is donated and must not be used again."""
     n = len(rows)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ir.errors import FlotillaError
 from ir.ops.registry import suggest
+from runtime.x64 import with_x64
 
 
 class ExecutionError(FlotillaError):
@@ -81,6 +82,7 @@ class SelectedRows:
     def dtype(self) -> Any:
         return self.values.dtype
 
+    @with_x64  # a user's Scope.numpy or fetched rows too: int64/float64 values stay 64-bit
     def to_dense(self) -> Any:
         import jax.numpy as jnp
 

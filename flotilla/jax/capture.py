@@ -27,6 +27,7 @@ fire when their intermediate values have no other use.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -43,6 +44,7 @@ from ir.ops.jax_function import format_shape
 from ir.ops.registry import DTYPES, FLOAT_DTYPES
 from ir.roles import OP_ROLE_ATTR
 from runtime.io import write_archive
+from runtime.x64 import x64
 import runtime.kernels.jax_function  # noqa: F401  (registers the jax_function and load_value kernels)
 
 __all__ = ["CaptureError", "capture", "leaf_names", "MAPPED"]
@@ -897,6 +899,10 @@ def capture(fn: Callable[[Any, Any], Any], params: Any, example_batch: Any, opti
     ``platforms`` are the jax.export platforms of opaque ops (default: this process's backend).
     ``optimizer.minimize(loss)`` is called on the built program when an optimizer is given.
 
+    ``fn`` is traced in the caller's JAX configuration, which Flotilla leaves alone (so a float32 model
+    computes in float32, as when the user calls it), or with 64-bit types when a parameter or batch leaf
+    is 64-bit (its variable is declared 64-bit, and the program honours that).
+
     Exporting opaque ops starts JAX's backend; a collective (nccl2) trainer must therefore join its
     group first (``runtime.collective.join_group(rank, endpoints)``; the startup program's
     ``gen_nccl_id`` then finds that group), as before anything else that runs JAX.
@@ -917,7 +923,12 @@ def capture(fn: Callable[[Any, Any], Any], params: Any, example_batch: Any, opti
     p_specs = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), params)
     b_specs = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct((sym,) + np.shape(x)[1:], np.asarray(x).dtype), example_batch)
-    closed = _trace(fn, p_specs, b_specs)
+    # A 64-bit leaf declares a 64-bit variable: trace and export under JAX's 64-bit types (runtime.x64) so
+    # the declared dtypes hold. Otherwise trace in the caller's configuration: the program then computes
+    # what ``fn`` computes when the user calls it (float32 for an untyped jnp.zeros, unless they enabled x64).
+    precision = x64 if any(a.dtype.itemsize == 8 for _, a in param_leaves + batch_leaves) else contextlib.nullcontext
+    with precision():
+        closed = _trace(fn, p_specs, b_specs)
     if len(closed.out_avals) != 1:
         raise CaptureError(f"the function returns {len(closed.out_avals)} values; expected one scalar loss",
                            hint="return only the loss (auxiliary outputs are not captured)")
@@ -962,7 +973,8 @@ def capture(fn: Callable[[Any, Any], Any], params: Any, example_batch: Any, opti
                                stop_gradient=True)
             sblock.append_op("load_value", {}, {"Out": [name]}, {"file_path": cpath, "var_name": name, OP_ROLE_ATTR: 0})
             conv.val[atom] = _Var(name)
-    loss_name = conv.run()
+    with precision():
+        loss_name = conv.run()  # exports opaque sub-functions: in the trace's precision
     loss = block.var(loss_name)
     tables = {n for op in block.ops if op.type == "lookup_table" for n in op.input("W")}
     if set(distributed) - tables:

@@ -13,6 +13,7 @@ import runtime
 from ir.core import Program
 from runtime import io as rio
 from runtime.scope import ExecutionError, Scope, SelectedRows, global_scope
+from runtime.x64 import x64
 
 NAN_PAYLOAD = np.array([0x7FC00001, 0xFFFFFFFF, 0x00000001, 0x3F800000], np.uint32).view(np.float32)
 
@@ -43,12 +44,13 @@ def _values() -> dict[str, object]:
 
 def _scope_with(values: dict[str, object]) -> Scope:
     scope = Scope()
-    for name, value in values.items():
-        if isinstance(value, SelectedRows):
-            value = SelectedRows(jnp.asarray(value.rows), jnp.asarray(value.values), value.height)
-        else:
-            value = jnp.asarray(value)
-        scope.set_var(name, value)
+    with x64():  # device arrays of the declared dtypes, as a run leaves them (int64, float64)
+        for name, value in values.items():
+            if isinstance(value, SelectedRows):
+                value = SelectedRows(jnp.asarray(value.rows), jnp.asarray(value.values), value.height)
+            else:
+                value = jnp.asarray(value)
+            scope.set_var(name, value)
     return scope
 
 
@@ -125,6 +127,7 @@ def test_filenames_are_reversible() -> None:
         assert rio.name_from_filename(fname) == name
 
 
+@pytest.mark.usefixtures("x64")
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64",
                                    "bool"])
 def test_record_round_trip_every_dtype(dtype: str) -> None:

@@ -31,6 +31,7 @@ from runtime.scope import Scope, SelectedRows
 from tests.runtime.op_samples import SAMPLES, Built, auc_np, build, build_with_grad, run, sample_id
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("x64")  # kernels are called directly too, not only through Executor.run
 
 TESTED_ELSEWHERE = {
     **{t: "tests/runtime/test_optimizer_kernels.py"

@@ -22,6 +22,7 @@ from runtime.scope import Scope, SelectedRows
 
 HEIGHT, WIDTH = 6, 3
 SPARSE_ROWS = np.array([4, 1, 4, 2], dtype=np.int64)  # row 4 twice; rows 0, 3, 5 untouched
+pytestmark = pytest.mark.usefixtures("x64")  # the kernels are called directly, not through Executor.run
 TOL = {"float32": dict(rtol=1e-5, atol=1e-6), "float64": dict(rtol=1e-12, atol=1e-14)}
 
 

@@ -329,3 +329,23 @@ def test_opaque_outputs_have_their_declared_shapes_and_dtypes() -> None:
         var = main.global_block().var(name)
         assert str(value.dtype) == var.dtype
         assert len(value.shape) == len(var.shape) and all(d in (-1, s) for d, s in zip(var.shape, value.shape))
+
+
+def test_capture_traces_in_the_callers_jax_configuration() -> None:
+    """Flotilla leaves JAX's global configuration alone: an untyped constant in a float32 model stays
+    float32, as when the user calls the function; a 64-bit leaf declares 64-bit variables and is traced
+    with 64-bit types, and JAX's configuration is unchanged afterwards."""
+    def loss(params, batch):
+        return jnp.mean((batch["x"] @ params["w"] + jnp.zeros(2)) ** 2)
+
+    params, batch = {"w": np.full((3, 2), 0.5, np.float32)}, {"x": np.arange(12, dtype=np.float32).reshape(4, 3)}
+    main, startup, out = capture(loss, params, batch)
+    plain = loss(params, batch)
+    assert out.dtype == "float32" == str(plain.dtype)
+    exe, scope = runtime.Executor(), runtime.Scope()
+    exe.run(startup, scope=scope)
+    (value,) = exe.run(main, feed=batch, fetch_list=[out], scope=scope)
+    np.testing.assert_allclose(value.reshape(()), plain, rtol=1e-6)
+    _, _, out64 = capture(loss, {"w": np.full((3, 2), 0.5)}, batch)  # float64 parameters
+    assert out64.dtype == "float64"
+    assert not jax.config.jax_enable_x64 and jnp.zeros(2).dtype == jnp.float32
