@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
 
 from runtime.role import ROLE_ENV_VARS
+from tests import launching
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 
@@ -46,7 +48,7 @@ elif fleet.is_worker():
     losses = [float(exe.run(fleet.main_program, feed={"x": xs, "y": ys}, fetch_list=[loss])[0][0])
               for _ in range(30)]
     fleet.stop_worker()
-    print("first loss %.4f last loss %.4f" % (losses[0], losses[-1]))
+    print("worker %d: first loss %.4f last loss %.4f" % (fleet.worker_index(), losses[0], losses[-1]))
 """
 
 SAME_OBJECTS = """
@@ -62,18 +64,39 @@ print("same objects as flotilla.fleet")
 """
 
 
-def test_a_paddle_fleet_script_ports_by_rewriting_the_import_prefix(tmp_path: pathlib.Path) -> None:
+def _ported_script(folder: pathlib.Path) -> pathlib.Path:
     ported = PADDLE_SCRIPT.replace("paddle.fluid", "flotilla.fluid")
     assert ported.count("flotilla.fluid") == 6 and "paddle" not in ported  # the one rewrite, nothing else
-    script = tmp_path / "fleet_ps.py"
+    script = folder / "fleet_ps.py"
     script.write_text(ported + textwrap.dedent(SAME_OBJECTS))
+    return script
+
+
+def _losses(out: str) -> dict[int, tuple[float, float]]:
+    return {int(m.group(1)): (float(m.group(2)), float(m.group(3)))
+            for m in re.finditer(r"worker (\d+): first loss (\S+) last loss (\S+)", out)}
+
+
+def test_a_paddle_fleet_script_ports_by_rewriting_the_import_prefix(tmp_path: pathlib.Path) -> None:
+    script = _ported_script(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ROLE_ENV_VARS}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    first, last = (float(w) for w in done.stdout.split()[2:6:3])
+    (first, last), = _losses(done.stdout).values()  # alone: one worker, no servers
     assert last < first / 10
     assert "same objects as flotilla.fleet" in done.stdout
+
+
+def test_the_ported_fleet_script_runs_under_the_launcher(tmp_path: pathlib.Path) -> None:
+    """1 pserver x 2 workers: the role makers read the variables the launcher sets, as Paddle's did."""
+    script = _ported_script(tmp_path)
+    out = launching.launch(tmp_path / "logs", ["--server_num", "1", "--worker_num", "2"], str(script), processes=3,
+                           timeout=180)
+    losses = _losses(out)
+    assert sorted(losses) == [0, 1], out[-2000:]
+    assert all(last < first / 10 for first, last in losses.values()), losses
+    assert out.count("same objects as flotilla.fleet") == 3  # the server too, once run_server returns
 
 
 def test_import_flotilla_fluid_leaves_incubate_unimported() -> None:
@@ -81,3 +104,32 @@ def test_import_flotilla_fluid_leaves_incubate_unimported() -> None:
             "fluid.incubate; assert 'flotilla.fluid.incubate' in sys.modules")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+
+
+def test_the_ported_fleet_script_runs_started_by_hand_with_paddles_variables(tmp_path: pathlib.Path) -> None:
+    """1 pserver and 1 worker started by hand, as Paddle's manual did: only Paddle's environment variables."""
+    from runtime.launch import free_ports
+
+    script = _ported_script(tmp_path)
+    endpoint = f"127.0.0.1:{free_ports(1)[0]}"
+    env = {k: v for k, v in os.environ.items() if k not in ROLE_ENV_VARS}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]),
+               PADDLE_PSERVERS_IP_PORT_LIST=endpoint, PADDLE_TRAINERS_NUM="1")
+    server = subprocess.Popen([sys.executable, str(script)], env={**env, "TRAINING_ROLE": "PSERVER",
+                              "PADDLE_CURRENT_ENDPOINT": endpoint}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    worker = subprocess.Popen([sys.executable, str(script)], env={**env, "TRAINING_ROLE": "TRAINER",
+                              "PADDLE_TRAINER_ID": "0"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        worker_out, _ = worker.communicate(timeout=120)
+        server_out, _ = server.communicate(timeout=60)
+    finally:
+        for proc in (worker, server):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    assert worker.returncode == 0 and server.returncode == 0, worker_out[-2000:] + server_out[-2000:]
+    (first, last), = _losses(worker_out).values()
+    assert last < first / 10
+    assert f"serving {endpoint}" in server_out and "same objects as flotilla.fleet" in server_out
