@@ -233,8 +233,11 @@ class LoDTensor:
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         data = self._value()
         if data is None:
-            raise FeedError(f"{self!r} has no data", hint="call t.set(array, place) first")
+            raise self._no_data()
         return data if dtype is None else data.astype(dtype)
+
+    def _no_data(self) -> ExecutionError:
+        return FeedError("LoDTensor has no data", hint="call t.set(array, place) first")
 
     def __repr__(self) -> str:
         return f"LoDTensor(shape={self.shape()}, recursive_sequence_lengths={self._lengths()})"
@@ -276,6 +279,11 @@ class ScopeTensor(LoDTensor):
             self._target(key).set_var(key, np.asarray(lens[-1], np.int64))
         else:
             self._target(key).erase([key])
+
+    def _no_data(self) -> ExecutionError:
+        return UninitializedVariableError(f"variable {self._name!r} has no value in the scope",
+                                          hint="run the startup program first, or give it one with "
+                                               "get_tensor().set(array, place)")
 
     def __repr__(self) -> str:
         return f"ScopeTensor({self._name!r}, shape={self.shape()}, recursive_sequence_lengths={self._lengths()})"

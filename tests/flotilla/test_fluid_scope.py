@@ -9,7 +9,7 @@ import pytest
 
 import runtime
 from flotilla import fluid
-from runtime.scope import ShapeDtypeError
+from runtime.scope import ShapeDtypeError, UninitializedVariableError
 
 
 def _sgd_program() -> tuple[Any, Any, Any, Any]:
@@ -87,6 +87,8 @@ def test_var_creates_and_lod_round_trips() -> None:
     assert child.find_var("ids").get_tensor().lod() == [[0, 4, 5]]
     assert ids.has_valid_recursive_sequence_lengths()
     assert scope.find_var("ids") is None  # created in the child
+    with pytest.raises(UninitializedVariableError, match="'fresh' has no value in the scope"):
+        np.array(scope.var("fresh").get_tensor())
     # an int array whose values fit is narrowed to the held dtype; one that does not fit is refused
     child.set_var("small", np.zeros(2, np.int32))
     child.find_var("small").get_tensor().set(np.array([1, 2], np.int64), None)
