@@ -116,8 +116,8 @@ class Scope:
         return scope
 
     def _lookup(self, name: str) -> Any | None:
-        # Scope's own lookup, which FluidScope's find_var does not replace: has_var, var and numpy mean
-        # the value on every kind of scope.
+        # The value lookup, which FluidScope's find_var does not replace: has_var and numpy (and the
+        # executor's run scope, a plain Scope over the caller's) read values on every kind of scope.
         holder = self._holder(name)
         return None if holder is None else holder._vars[name]
 
