@@ -1,16 +1,19 @@
-"""The ``flotilla`` command-line tool: inspect, check, compare and draw programs.
+"""The ``flotilla`` command-line tool: inspect, check, compare, draw, transpile and launch programs.
 
-Subcommands (each one a ``Command`` in ``COMMANDS``; later issues add ``launch`` by registering more
-with ``register_command``):
+``flotilla --version`` prints the installed version (the package metadata; in a source tree that is not
+installed, ``pyproject.toml``'s). Subcommands (each one a ``Command`` in ``COMMANDS``, registered with
+``register_command``; the top-level help lists them all, and its description names each):
 
 - ``flotilla dump PROGRAM [--block N] [--format text|json|dot]``
 - ``flotilla verify PROGRAM``: prints ``ok: N blocks, M ops`` (exit 0) or every problem (exit 1)
-- ``flotilla diff A B``: variable- and op-level differences per block (``ir.diff``); exit 0 when identical,
-  1 when different, as diff(1) does
+- ``flotilla diff A B [--by-name]``: variable- and op-level differences per block (``ir.diff``), B's
+  variables first aligned with A's by structure (so the same model built twice in one process, ``fc_0``
+  against ``fc_2``, differs by one line of renames; ``--by-name`` compares names as they are); exit 0 and
+  one line saying so when identical, 1 when different, as diff(1) does
 - ``flotilla graph PROGRAM -o FILE.dot|.svg|.png [--block N] [--role forward|backward|optimize|rpc]...
   [--ops-only]`` (svg/png through Graphviz's ``dot``): ops clustered by role, persistable variables in one
   table at the side (see ``ir.export``); ``flotilla graph --job DIR -o FILE`` draws a transpile output
-  directory: which trainer send reaches which pserver block
+  directory: which trainer send reaches which pserver block. Prints one line naming what it wrote
 - ``flotilla transpile MAIN --startup STARTUP --pservers EP,EP --trainers N [--trainer-id I] [--async
   [--geo-sgd K]] [--split-method round_robin|hash_name] [--min-block-size N] [--no-slice] -o DIR``, or in
   the collective modes ``flotilla transpile MAIN --startup STARTUP --mode nccl2|collective --trainers EP,EP
@@ -42,6 +45,7 @@ Invariants:
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import re
@@ -107,9 +111,26 @@ def register_command(command: Command) -> Command:
     return command
 
 
+def version() -> str:
+    """The installed package's version; in a source tree that is not installed, ``pyproject.toml``'s."""
+    try:
+        return importlib.metadata.version(PROG)
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pyproject.toml")
+        try:
+            with open(pyproject, encoding="utf-8") as f:
+                m = re.search(r'^version\s*=\s*"([^"]+)"', f.read(), re.MULTILINE)
+        except OSError:
+            m = None
+        return m.group(1) if m else "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``flotilla`` argument parser, with one subparser per registered ``Command``."""
-    parser = _Parser(prog=PROG, description="Inspect, verify, compare and draw Flotilla programs.")
+    description = ("Inspect, verify, compare and draw Flotilla programs, transpile them for a distributed job "
+                   f"and launch one. Commands: {', '.join(COMMANDS)}; 'flotilla COMMAND --help' for each.")
+    parser = _Parser(prog=PROG, description=description)
+    parser.add_argument("--version", action="version", version=f"{PROG} {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for command in COMMANDS.values():
         sp = sub.add_parser(command.name, help=command.help, description=command.help)
@@ -214,13 +235,17 @@ def _run_verify(args: argparse.Namespace) -> int:
 def _configure_diff(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", metavar="A", help="the old program file, text or protobuf")
     p.add_argument("b", metavar="B", help="the new program file, text or protobuf")
+    p.add_argument("--by-name", action="store_true", dest="by_name",
+                   help="match variables by name only (default: first align B's variables with A's by where the "
+                        "ops use them, so fc_2.w_0 built second compares with fc_0.w_0)")
 
 
 def _run_diff(args: argparse.Namespace) -> int:
     a = load_any_program(args.a)
     b = load_any_program(args.b)
-    lines = diff_programs(a, b, args.a, args.b)
+    lines = diff_programs(a, b, args.a, args.b, align=not args.by_name)
     if not lines:
+        _write_stdout(f"identical: {args.a} and {args.b} ({_count_ops_and_blocks(a)})\n")
         return EXIT_OK
     _write_stdout("\n".join(lines) + "\n")
     return EXIT_DIFFERENT
@@ -274,19 +299,23 @@ def _run_graph(args: argparse.Namespace) -> int:
     if args.job:
         if args.roles or args.ops_only or args.block:
             raise UsageError("--job draws the whole job; it takes no --block, --role or --ops-only")
-        dot_text = job_to_dot(_job_programs(args.program))
+        programs = _job_programs(args.program)
+        dot_text = job_to_dot(programs)
+        what = f"the job in {args.program} ({len(programs)} roles)"
     else:
         program = load_any_program(args.program)
         _checked_block(program, args.block, args.program)
         dot_text = program_to_dot(program, block_idx=args.block, roles=args.roles, ops_only=args.ops_only)
+        what = f"block {args.block} of {args.program} ({len(program.blocks[args.block].ops)} ops)"
     if dot_exe is None:
         try:
             with open(args.output, "w", encoding="utf-8") as f:
                 f.write(dot_text)
         except OSError as e:
             raise UsageError(f"cannot write {args.output}: {e.strerror or e}") from None
-        return EXIT_OK
-    _render_dot(dot_exe, dot_text, ext[1:], args.output)
+    else:
+        _render_dot(dot_exe, dot_text, ext[1:], args.output)
+    _write_stdout(f"wrote {args.output}: {what}\n")
     return EXIT_OK
 
 
@@ -311,7 +340,9 @@ def _configure_transpile_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trainers", required=True, metavar="N|EP,EP",
                    help="number of trainers (pserver mode), or every trainer's endpoint (nccl2/collective)")
     p.add_argument("--mode", choices=("pserver", "nccl2", "collective"), default="pserver",
-                   help="parameter servers (default), or allreduce among the trainers")
+                   help="pserver: parameter servers (default, needs --pservers); nccl2: Fluid's nccl2 mode, "
+                        "the trainers average their gradients by allreduce (no pservers; --trainers lists every "
+                        "trainer's endpoint); collective: the same rewrite under Fluid 1.6's name")
     p.add_argument("--collective-mode", choices=("grad_allreduce", "local_sgd"), default="grad_allreduce",
                    dest="collective_mode", help="collective modes: average gradients, or parameters every K steps")
     p.add_argument("--fuse-grad-size-mb", type=float, default=32.0, metavar="M", dest="fuse_grad_size_mb",
@@ -638,8 +669,9 @@ register_command(Command("diff", "show how program B differs from program A (exi
                          _configure_diff, _run_diff))
 register_command(Command("graph", "draw a block (or with --job a transpiled job) as a graph: .dot, or .svg/.png "
                          "through Graphviz", _configure_graph, _run_graph))
-register_command(Command("transpile", "transpile a training program for parameter servers; write every role's "
-                         "programs (.pb and .txt) into a directory", _configure_transpile, _run_transpile))
+register_command(Command("transpile", "transpile a training program for parameter servers (pserver mode) or for "
+                         "allreduce among trainers (--mode nccl2|collective); write every role's programs (.pb and "
+                         ".txt) into a directory", _configure_transpile, _run_transpile))
 register_command(Command("plan", "show which parameter block goes to which pserver, bytes per pserver and the "
                          "balance (text, dot or png)", _configure_plan, _run_plan))
 register_command(Command("memory", "memory_optimize a program: peak live bytes (liveness estimate) before and "

@@ -1,5 +1,5 @@
-"""LoD (variable-length sequence) feeds: Fluid 1.5's ``LoDTensor``, ``create_lod_tensor`` and ``DataFeeder``,
-and the representation the executor compiles.
+"""LoD (variable-length sequence) feeds: Fluid 1.5's ``create_lod_tensor`` and ``DataFeeder`` (``LoDTensor``,
+a value a scope can hold too, lives in ``runtime.scope``), and the representation the executor compiles.
 
 Representation. A ``layers.data(name, ..., lod_level=1)`` variable is fed as two variables:
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from ir.core import Block, Program, Variable, default_main_program
 from ir.names import seq_len_name
-from runtime.scope import FeedError
+from runtime.scope import FeedError, LoDTensor
 
 MIN_BUCKET_ROWS = 8
 
@@ -36,54 +36,6 @@ MIN_BUCKET_ROWS = 8
 def bucket_rows(rows: int) -> int:
     """The padded row count for ``rows`` rows: the next power of two, at least ``MIN_BUCKET_ROWS``."""
     return max(MIN_BUCKET_ROWS, 1 << max(rows - 1, 0).bit_length())
-
-
-class LoDTensor:
-    """Fluid's LoDTensor: an array plus one level of sequence lengths (``recursive_sequence_lengths``).
-    ``np.array(t)`` gives the rows, unpadded."""
-
-    def __init__(self, data: Any = None, recursive_seq_lens: Sequence[Sequence[int]] | None = None) -> None:
-        self._data: np.ndarray | None = None if data is None else np.asarray(data)
-        self._lens: list[list[int]] = []
-        if recursive_seq_lens:
-            self.set_recursive_sequence_lengths(recursive_seq_lens)
-
-    def set(self, data: Any, place: Any = None) -> None:
-        """Set the rows (``place`` is accepted for Fluid compatibility; arrays live on the host until fed)."""
-        self._data = np.asarray(data)
-
-    def set_recursive_sequence_lengths(self, recursive_seq_lens: Sequence[Sequence[int]]) -> None:
-        lens = [[int(n) for n in level] for level in recursive_seq_lens]
-        if len(lens) > 1:
-            raise FeedError(f"LoDTensor: {len(lens)} levels of sequence lengths are not supported",
-                                 hint="use one level: [[len_0, len_1, ...]]")
-        if any(n < 0 for level in lens for n in level):
-            raise FeedError(f"LoDTensor: sequence lengths must be >= 0, got {lens}")
-        self._lens = lens
-
-    def recursive_sequence_lengths(self) -> list[list[int]]:
-        return [list(level) for level in self._lens]
-
-    def set_lod(self, lod: Sequence[Sequence[int]]) -> None:
-        """Set the lengths from offsets (Fluid's ``lod``: ``[[0, 2, 5]]`` is lengths ``[[2, 3]]``)."""
-        self.set_recursive_sequence_lengths([np.diff(np.asarray(level, np.int64)).tolist() for level in lod])
-
-    def lod(self) -> list[list[int]]:
-        return [np.concatenate([[0], np.cumsum(level, dtype=np.int64)]).tolist() for level in self._lens]
-
-    def has_valid_recursive_sequence_lengths(self) -> bool:
-        return self._data is not None and (not self._lens or sum(self._lens[-1]) == self._data.shape[0])
-
-    def shape(self) -> list[int]:
-        return [] if self._data is None else list(self._data.shape)
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        if self._data is None:
-            raise FeedError("LoDTensor has no data", hint="call t.set(array, place) first")
-        return self._data if dtype is None else self._data.astype(dtype)
-
-    def __repr__(self) -> str:
-        return f"LoDTensor(shape={self.shape()}, recursive_sequence_lengths={self._lens})"
 
 
 def create_lod_tensor(data: Any, recursive_seq_lens: Sequence[Sequence[int]], place: Any = None) -> LoDTensor:

@@ -8,7 +8,8 @@ layer          files                                       may import
 =============  ==========================================  =========================================
 ``ir``         ``ir/``                                     ``ir``
 ``fluid``      ``flotilla/fluid/`` (the Fluid front end),  ``ir``
-               less its bridges ``io`` and ``transpiler``
+               less its bridges ``io``,
+               ``transpiler`` and ``incubate``
 ``passes``     ``passes/``                                 ``ir``
 ``transpiler`` ``transpiler/``                             ``ir``, ``passes``
 ``runtime``    ``runtime/``                                ``ir``
@@ -52,7 +53,7 @@ JAX_FREE = ("ir", "fluid", "passes", "transpiler")
 HEAVY = ("jax", "jaxlib", "grpc")
 FORBIDDEN_IN_JAX_FREE_INTERPRETER = HEAVY + ("runtime",)
 # Modules of flotilla/fluid/ that bind the façade to the runtime and the transpiler: user-facing, not front end.
-FLUID_BRIDGES = ("flotilla.fluid.io", "flotilla.fluid.transpiler")
+FLUID_BRIDGES = ("flotilla.fluid.io", "flotilla.fluid.transpiler", "flotilla.fluid.incubate")
 
 
 
@@ -311,7 +312,7 @@ _BLOCKED_IMPORT_SCRIPT = textwrap.dedent(
     for package_name in {packages!r}:
         package = importlib.import_module(package_name)
         for info in pkgutil.walk_packages(package.__path__, package_name + "."):
-            if info.name not in {skip!r}:
+            if not any(info.name == s or info.name.startswith(s + ".") for s in {skip!r}):
                 importlib.import_module(info.name)
                 imported.append(info.name)
     leaked = sorted(m for m in sys.modules if m.split(".")[0] in FORBIDDEN)

@@ -7,7 +7,8 @@ schedules of ``learning_rate``), ``layer_helper``, ``param_attr``, ``initializer
 and imports only ``ir``: building a program needs no jax or grpc.
 
 The rest is re-exported from ``runtime`` and ``transpiler`` (``Executor``, ``CPUPlace``, ``DataFeeder``,
-``DistributeTranspiler``, the submodules ``io`` and ``transpiler``...) and imported on first use, so
+``DistributeTranspiler``, the submodules ``io``, ``transpiler`` and ``incubate`` (Paddle 1.5's Fleet paths,
+``fluid.incubate.fleet...``, re-exporting ``flotilla.fleet``)...) and imported on first use, so
 ``import flotilla.fluid`` stays jax-free until a script touches the runtime.
 
 The one behaviour that differs from the native API: ``fluid.DistributeTranspiler`` follows Fluid's
@@ -17,7 +18,9 @@ receives the parameters from the pservers instead of initialising them locally. 
 that runs a program handed to a native ``transpile`` instead of its result stops with
 ``runtime.scope.UntranspiledProgramError``.
 
-``LoDTensor``, ``create_lod_tensor`` and ``DataFeeder`` come from ``runtime.lod`` (LoD sequences).
+``LoDTensor``, ``create_lod_tensor`` and ``DataFeeder`` come from ``runtime.scope`` and ``runtime.lod`` (LoD
+sequences). ``Scope`` is ``runtime.scope.FluidScope``, whose ``find_var`` answers with Fluid's Variable
+(``scope.find_var(n).get_tensor()``), as ``global_scope()`` does.
 """
 from __future__ import annotations
 
@@ -30,8 +33,10 @@ from ir.backward import append_backward
 from ir.core import Parameter, Program, Variable, default_main_program, default_startup_program, program_guard
 from ir.names import unique_name
 
-# name → module it comes from, imported on first access (``runtime`` brings jax; ``transpiler`` the passes)
+# name → module it comes from (``module:attribute`` where the names differ), imported on first access
+# (``runtime`` brings jax; ``transpiler`` the passes)
 _LAZY = {
+    "incubate": "flotilla.fluid.incubate",
     "io": "flotilla.fluid.io",
     "transpiler": "flotilla.fluid.transpiler",
     "DistributeTranspiler": "flotilla.fluid.transpiler",
@@ -43,11 +48,11 @@ _LAZY = {
     "ExecutionStrategy": "transpiler.compiled_program",
     "Executor": "runtime.executor",
     "DataFeeder": "runtime.lod",
-    "LoDTensor": "runtime.lod",
+    "LoDTensor": "runtime.scope",
     "create_lod_tensor": "runtime.lod",
     "CPUPlace": "runtime.place",
     "CUDAPlace": "runtime.place",
-    "Scope": "runtime.scope",
+    "Scope": "runtime.scope:FluidScope",
     "global_scope": "runtime.scope",
     "scope_guard": "runtime.scope",
     "ParallelExecutor": "flotilla.parallel_executor",
@@ -57,18 +62,19 @@ __all__ = [
     "BuildStrategy", "CPUPlace", "CUDAPlace", "CompiledProgram", "DataFeeder", "DistributeTranspiler",
     "DistributeTranspilerConfig", "ExecutionStrategy", "Executor", "LoDTensor", "ParallelExecutor", "ParamAttr",
     "Parameter", "Program", "Scope", "Variable", "append_backward", "clip", "create_lod_tensor",
-    "default_main_program", "default_startup_program", "global_scope", "initializer", "io", "layers",
+    "default_main_program", "default_startup_program", "global_scope", "incubate", "initializer", "io", "layers",
     "memory_optimize", "optimizer", "program_guard", "regularizer", "release_memory", "scope_guard", "transpiler",
     "unique_name",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
+    source = _LAZY.get(name)
+    if source is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, _, attribute = source.partition(":")
     module = importlib.import_module(module_name)
-    value = module if module_name == f"{__name__}.{name}" else getattr(module, name)
+    value = module if module_name == f"{__name__}.{name}" else getattr(module, attribute or name)
     globals()[name] = value
     return value
 

@@ -192,7 +192,7 @@ def test_diff_identical(flotilla, tmp_path: pathlib.Path, form_a: str, form_b: s
     a = write_program(build_fc_program(), tmp_path, "a", form_a)
     b = write_program(build_fc_program(), tmp_path, "b", form_b)
     done = flotilla("diff", a, b)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"identical: {a} and {b} (1 block(s), 3 ops)\n", "")
 
 
 def test_diff_reports_variable_and_op_changes(flotilla, tmp_path: pathlib.Path) -> None:
@@ -225,6 +225,60 @@ def test_diff_reports_added_block(flotilla, tmp_path: pathlib.Path) -> None:
     assert "block 1: removed (1 vars, 1 ops)" in reverse.stdout.splitlines()
 
 
+def _fluid_model(hidden: int, act: str) -> Program:
+    from flotilla import fluid
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data("x", shape=[4], dtype="float32")
+        y = fluid.layers.data("y", shape=[1], dtype="float32")
+        pred = fluid.layers.fc(fluid.layers.fc(x, size=hidden, act=act), size=1)
+        fluid.optimizer.SGD(0.1).minimize(fluid.layers.mean(fluid.layers.square_error_cost(input=pred, label=y)))
+    return main
+
+
+def test_diff_aligns_programs_built_in_one_process_by_structure(flotilla, tmp_path: pathlib.Path) -> None:
+    first, second, changed = _fluid_model(8, "relu"), _fluid_model(8, "relu"), _fluid_model(8, "tanh")
+    assert "fc_0.w_0" in first.global_block().vars and "fc_2.w_0" in second.global_block().vars
+    a, b, c = (write_program(p, tmp_path, n, "proto") for p, n in ((first, "a"), (second, "b"), (changed, "c")))
+    done = flotilla("diff", a, b)
+    assert done.returncode == 1, done.stderr
+    out = done.stdout.splitlines()
+    assert len(out) == 4 and out[3] == "no other difference", done.stdout
+    assert out[2].startswith(f"renamed by structure: 25 variable(s) of {b} compared under {a}'s names "
+                             "(fc_2* -> fc_0*, fc_3* -> fc_1*, ")
+    by_name = flotilla("diff", "--by-name", a, b)
+    assert by_name.returncode == 1 and len(by_name.stdout.splitlines()) > 80  # what it was before aligning
+    # a real change shows under A's names: only relu -> tanh, forward and backward
+    out = flotilla("diff", a, c).stdout.splitlines()
+    assert [line for line in out if line.startswith("    -op ")] == [
+        "    -op relu(X=[fc_0.tmp_1]) -> (Out=[fc_0.tmp_2]) {op_role=0, op_role_var=[]}",
+        "    -op relu_grad(X=[fc_0.tmp_1], Out@GRAD=[fc_0.tmp_2@GRAD]) -> (X@GRAD=[fc_0.tmp_1@GRAD]) "
+        "{op_role=1, op_role_var=[]}"]
+    assert [line[8:line.index("(")] for line in out if line.startswith("    +op ")] == ["tanh", "tanh_grad"]
+    assert "variables:" not in done.stdout and not any("fc_4" in line for line in out[3:])
+
+
+def test_diff_aligns_transpiled_programs_built_in_one_process(tmp_path: pathlib.Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Names in attributes (a pserver's grad_to_block_id, a gradient copy's copy_of) follow the renames."""
+    from flotilla.cli import main
+    from transpiler import DistributeTranspiler
+
+    files = []
+    for n in range(2):
+        t = DistributeTranspiler()
+        t.transpile(0, program=_fluid_model(8, "relu"), pservers="127.0.0.1:6174,127.0.0.1:6175", trainers=2)
+        files.append((write_program(t.get_trainer_program(), tmp_path, f"trainer{n}", "proto"),
+                      write_program(t.get_pserver_program("127.0.0.1:6174"), tmp_path, f"pserver{n}", "text")))
+    for a, b in zip(*files):
+        assert main(["diff", str(a), str(b)]) == 1
+        out = capsys.readouterr().out.splitlines()
+        assert len(out) == 4 and out[3] == "no other difference", out
+        assert main(["diff", "--by-name", str(a), str(b)]) == 1
+        assert len(capsys.readouterr().out.splitlines()) > 10  # by name, every variable differs
+
+
 def test_diff_missing_second_file(flotilla, tmp_path: pathlib.Path) -> None:
     a = write_program(build_fc_program(), tmp_path, "a", "text")
     assert_user_error(flotilla("diff", a, tmp_path / "nope.txt"), "nope.txt", "no such file")
@@ -239,7 +293,7 @@ def test_graph_dot(flotilla, tmp_path: pathlib.Path, form: str) -> None:
     path = write_program(program, tmp_path, "prog", form)
     out = tmp_path / "g.dot"
     done = flotilla("graph", path, "-o", out, "--block", "1")
-    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"wrote {out}: block 1 of {path} (1 ops)\n", "")
     assert out.read_text() == program_to_dot(program, block_idx=1)
 
 
@@ -321,7 +375,7 @@ def test_graph_role_and_ops_only_filters(flotilla, tmp_path: pathlib.Path, flags
     program, path, _ = _training_files(tmp_path)
     out = tmp_path / "g.dot"
     done = flotilla("graph", path, "-o", out, *flags)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"wrote {out}: block 0 of {path} (18 ops)\n", "")
     assert out.read_text() == program_to_dot(program, roles=roles, ops_only=ops_only)
 
 
@@ -341,7 +395,7 @@ def test_graph_job_draws_the_transpiled_job(flotilla, tmp_path: pathlib.Path) ->
     assert done.returncode == 0, done.stderr
     out = tmp_path / "job.dot"
     done = flotilla("graph", "--job", job, "-o", out)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"wrote {out}: the job in {job} (4 roles)\n", "")
     roles = ["trainer.0", "trainer.1", "pserver@127.0.0.1_6174", "pserver@127.0.0.1_6175"]
     expected = job_to_dot({r: load_program(str(job / f"{r}.main.pb")) for r in roles})
     assert out.read_text() == expected
@@ -432,10 +486,47 @@ def test_bad_arguments(flotilla, args: list[str], fragment: str) -> None:
 
 
 def test_help_lists_every_subcommand(flotilla) -> None:
+    from flotilla.cli import COMMANDS
+
     done = flotilla("--help")
     assert done.returncode == 0
-    for name in ("dump", "verify", "diff", "graph"):
-        assert name in done.stdout
+    assert {"launch", "transpile", "plan", "memory"} <= set(COMMANDS)
+    described = done.stdout.split("positional arguments")[0]  # the description names every command too
+    for name in COMMANDS:
+        assert f"\n    {name}" in done.stdout and name in described, name
+
+
+def test_version_is_the_package_version(flotilla) -> None:
+    import importlib.metadata
+    import re
+
+    done = flotilla("--version")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"flotilla {importlib.metadata.version('flotilla')}\n"
+    pyproject = (pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert done.stdout.split()[1] == re.search(r'^version = "(.+)"', pyproject, re.MULTILINE).group(1)
+
+
+def test_version_falls_back_to_pyproject(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    from flotilla import cli
+
+    def not_installed(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    pyproject = (pathlib.Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'\nversion = "{cli.version()}"\n' in pyproject
+
+
+def test_transpile_help_describes_nccl2(flotilla) -> None:
+    done = flotilla("transpile", "--help")
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "nccl2: Fluid's nccl2 mode" in text and "allreduce" in text and "--trainers lists every" in text
+    top = " ".join(flotilla("--help").stdout.split())
+    assert "(--mode nccl2|collective)" in top
 
 
 def test_in_process_main_matches(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -60,4 +60,6 @@ def test_runtime_errors_are_distinct_classes_under_one_base() -> None:
     with pytest.raises(FetchError, match="fetch variable 'nope' is not a variable"):
         exe.run(main, feed={"x": batch}, fetch_list=["nope"], scope=scope)
     with pytest.raises(UninitializedVariableError, match="'nope' is not in the scope"):
-        scope.var("nope")
+        runtime_scope.Scope.var(scope, "nope")
+    with pytest.raises(UninitializedVariableError, match="'nope' has no value in the scope"):
+        np.array(scope.var("nope").get_tensor())  # Fluid's var(name) creates it, without a value

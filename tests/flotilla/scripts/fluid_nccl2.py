@@ -45,7 +45,7 @@ def main() -> None:
         shard = slice(trainer_id, None, trainers)
         (value,) = pe.run(fetch_list=[loss.name], feed={"x": xs[shard], "y": (xs @ true_w)[shard]})
         losses.append(float(np.mean(value)))
-    weights = np.asarray(fluid.global_scope().find_var("w"))
+    weights = np.array(fluid.global_scope().find_var("w").get_tensor())  # Fluid's LoDTensor surface
     print(f"trainer {trainer_id}: loss {losses[0]:.4f} -> {losses[-1]:.4f}, weights {weights.sum():.6f}", flush=True)
 
 
