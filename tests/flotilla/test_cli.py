@@ -238,7 +238,10 @@ def _fluid_model(hidden: int, act: str) -> Program:
 
 
 def test_diff_aligns_programs_built_in_one_process_by_structure(flotilla, tmp_path: pathlib.Path) -> None:
-    first, second, changed = _fluid_model(8, "relu"), _fluid_model(8, "relu"), _fluid_model(8, "tanh")
+    from flotilla.fluid import unique_name
+
+    with unique_name.guard():  # names from fc_0 on, whatever ran before in this process
+        first, second, changed = _fluid_model(8, "relu"), _fluid_model(8, "relu"), _fluid_model(8, "tanh")
     assert "fc_0.w_0" in first.global_block().vars and "fc_2.w_0" in second.global_block().vars
     a, b, c = (write_program(p, tmp_path, n, "proto") for p, n in ((first, "a"), (second, "b"), (changed, "c")))
     done = flotilla("diff", a, b)
