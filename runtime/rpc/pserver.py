@@ -96,6 +96,7 @@ class Status(enum.Enum):
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     NOT_FOUND = "NOT_FOUND"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
     ABORTED = "ABORTED"
     INTERNAL = "INTERNAL"
@@ -429,10 +430,11 @@ class PServer:
         """The wire bytes of variable ``name`` (a parameter slice or any persistable of block 0)."""
         return self.get_many(trainer_id, [name])[0]
 
-    def get_many(self, trainer_id: int, names: list[str],
-                 encode: Callable[[str, Any], Any] = encode_variable) -> list[Any]:
+    def get_many(self, trainer_id: int, names: list[str], encode: Callable[[str, Any], Any] = encode_variable,
+                 max_bytes: int | None = None) -> list[Any]:
         """The wire bytes (``encode(name, value)``) of each variable of ``names``, in order; every name is
-        checked first."""
+        checked first, and with ``max_bytes`` the size of the reply too, before any value is encoded (a
+        small request must not make the pserver build a huge reply)."""
         self._check_trainer(trainer_id, f"get of {names[0]!r}" if len(names) == 1 else f"get of {len(names)} "
                             "variables")
         for name in names:
@@ -441,6 +443,13 @@ class PServer:
                 raise PServerError(Status.NOT_FOUND, f"get of {name!r}: this pserver holds no such variable",
                                    hint=suggest(name, known) or
                                    "fetch each parameter from the endpoint its recv op's epmap names")
+        if max_bytes is not None:
+            asked = sum(self._reply_bytes(name) for name in names)
+            if asked > max_bytes:
+                raise PServerError(Status.RESOURCE_EXHAUSTED,
+                                   f"get of {len(names)} variables asks for {asked} bytes, above this pserver's "
+                                   f"reply limit of {max_bytes} bytes (its largest message); nothing was built",
+                                   hint="fetch fewer variables per request (RPCClient streams large ones)")
         if self.config.sync_mode:
             # Nothing changes a parameter between a trainer's SEND barrier and its next one, so the
             # values are read under the state lock (never mid-optimize) and encoded outside it.
@@ -477,6 +486,14 @@ class PServer:
             changed[rows] = False
             values = gather_rows(self._value_of(table), rows)  # a copy: the next update donates the shard
         return SelectedRows(rows.astype(np.int64) * n + me, values, height)
+
+    def _reply_bytes(self, name: str) -> int:
+        """The bytes ``name``'s value takes on the wire (a geo-SGD update: at most its whole table)."""
+        var = self.program.global_block().var(self._geo_updates.get(name, name))
+        if var.type == "raw":
+            return 0
+        rows = max(var.shape[0], 1) * 8 if var.type == "selected_rows" or name in self._geo_updates else 0
+        return int(np.prod([max(d, 1) for d in var.shape], dtype=np.int64)) * np.dtype(var.dtype).itemsize + rows
 
     def _value_of(self, name: str) -> Any:
         value = self.scope.find_var(name)

@@ -21,6 +21,7 @@ signed by it (mutual TLS).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import hmac
 from concurrent import futures
@@ -136,10 +137,17 @@ class ParameterServerService:
         req = _parse(pb.GetVariablesRequest, raw)
         if not req.names:
             raise WireError("GetVariables names no variable", hint="list the parameter blocks to fetch")
+        names = list(req.names)
+        if len(set(names)) != len(names):
+            twice = sorted(n for n, k in collections.Counter(names).items() if k > 1)
+            raise PServerError(Status.INVALID_ARGUMENT,
+                               f"GetVariables names {twice[:5]} more than once ({len(names)} names, "
+                               f"{len(set(names))} distinct); refused before building the reply",
+                               hint="name each variable once per request")
         # Sync mode: nothing changes a parameter before this trainer's FETCH barrier, so the batch is built
         # from views (one copy); async: each value is copied under its writer's lock (see PServer.get_many).
         encode = encode_parts if self.pserver.config.sync_mode else encode_variable
-        return encode_batch(self.pserver.get_many(req.trainer_id, list(req.names), encode))
+        return encode_batch(self.pserver.get_many(req.trainer_id, names, encode, max_bytes=self.max_message))
 
     def get_variable(self, raw: bytes) -> bytes:
         req = _parse(pb.VariableRequest, raw)
