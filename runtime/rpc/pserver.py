@@ -38,7 +38,12 @@ is the mean over the batches actually present, exactly as single-process trainin
 
 Non-finite gradients: with ``check_finite`` (the default) a floating gradient holding NaN or Inf is
 refused (INVALID_ARGUMENT naming the variable, the trainer and the step), nothing is stored or applied,
-and ``health()["rejected_nonfinite"]`` counts it.
+and ``health()["rejected_nonfinite"]`` counts it. Finite gradients can still overflow once summed or
+applied (two 3e38 sum to Inf), so the updated values are checked too, before they replace the old ones:
+the blocks run on copies of what they overwrite (the executor donates those buffers) and their results
+are committed only if every floating one is finite (one fused check). A sync step that fails it fails the
+pserver (every trainer is told the step and the variable; the parameters stay as before the step); an
+async send that fails it is refused (INVALID_ARGUMENT) and the pserver goes on.
 
 Checkpoints: ``checkpoint(name)`` saves under ``checkpoint_root/name/pserver_<id>``; ``checkpoint_root``
 is the pserver's own configuration and ``name`` must be a relative path that stays under it (no ``..``,
@@ -79,6 +84,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ir.core import Operator, Program, Variable
@@ -236,6 +243,10 @@ class PServer:
             for bop in program.block(idx).ops:
                 for n in bop.output_arg_names:
                     self._writer_lock.setdefault(n, self._block_locks[idx])
+        # What each optimize block overwrites (reads, then writes): the executor donates those buffers, so a
+        # checked update runs on copies of them and commits only once its results are finite.
+        self._overwritten = {idx: _overwritten(program, idx) for idx in range(program.num_blocks)}
+        self._gradients = set(self._received) | set(self.config.grad_to_block)
         self._cv = threading.Condition()
         self._live = set(range(self.config.trainers))
         self._trainers: dict[int, _Incarnation] = {}
@@ -365,7 +376,7 @@ class PServer:
             for p in accepted:
                 self._trainers[p.trainer_id].seen_seq[p.name] = p.seq
         for p in accepted:
-            self._apply_async(p.trainer_id, p.name, p.value)
+            self._apply_async(p.trainer_id, p.name, p.value, p.step)
 
     def _prepare_send(self, msg: Decoded) -> "_Send":
         """Validate one received gradient (no state is read or changed): the value to store."""
@@ -674,12 +685,21 @@ class PServer:
             return
         self._average_over_senders(self._fresh.pop(st.step, set()))
         try:
-            for idx in self.config.optimize_blocks:
-                self._run_block(idx, self.scope)
+            update = self._update(self.config.optimize_blocks)
         except Exception as e:  # noqa: BLE001 - the pserver fails; every waiter learns why
             self.fail(PServerError(Status.INTERNAL, f"pserver {self.config.endpoint}: optimize blocks of step "
                                    f"{st.step} failed: {type(e).__name__}: {e}"))
             return
+        if update is not None:
+            bad = update.nonfinite()
+            if bad is not None:
+                self.rejected_nonfinite += 1
+                self.fail(PServerError(
+                    Status.ABORTED, f"pserver {self.config.endpoint}: step {st.step} refused: its update of "
+                    f"{bad[0]!r} holds {bad[1]} NaN or Inf value(s) although every gradient was finite (their "
+                    "sum or the optimizer overflowed); the parameters are unchanged", hint=_NONFINITE_HINT))
+                return
+            update.commit()
         self.steps_run += 1
         st.optimized = True
         st.started_at = time.monotonic()
@@ -710,7 +730,24 @@ class PServer:
         first gradient's."""
         return next(iter(self.config.grad_to_block.values()), -1)
 
-    def _apply_async(self, t: int, name: str, value: Any) -> None:
+    def _update(self, blocks: Any, inputs: Scope | None = None) -> "_Update | None":
+        """Run ``blocks`` on the pserver's scope, or on ``inputs`` (a child of it holding a request's own
+        values; then only the pserver's own variables are written back). With ``check_finite`` the results
+        are held back in the returned ``_Update`` (commit them once checked); without, they are written
+        at once and None is returned."""
+        if not self.check_finite:
+            scope = self.scope if inputs is None else _WriteThrough(inputs, self.scope)
+            for idx in blocks:
+                self._run_block(idx, scope)
+            return None
+        overwritten = set().union(*(self._overwritten[idx] for idx in blocks))
+        update = _Update(self.scope if inputs is None else inputs, self.scope, overwritten, self._gradients,
+                         write_back_all=inputs is None)
+        for idx in blocks:
+            self._run_block(idx, update)
+        return update
+
+    def _apply_async(self, t: int, name: str, value: Any, step: int) -> None:
         idx = self._grad_block[name]
         with self._block_locks[idx]:
             if self.config.lr_block >= 0 and idx == self._lr_trigger:
@@ -721,9 +758,19 @@ class PServer:
             if self.config.dc_asgd:
                 scope.set_var(TRAINER_ID_VAR, np.array([t], np.int64))
             try:
-                self._run_block(idx, _WriteThrough(scope, self.scope))
+                update = self._update((idx,), scope)
             except Exception as e:  # noqa: BLE001 - reported to the sender
                 raise PServerError(Status.INTERNAL, f"applying {name!r} failed: {type(e).__name__}: {e}") from e
+            bad = update.nonfinite() if update is not None else None
+            if bad is not None:
+                with self._cv:
+                    self.rejected_nonfinite += 1
+                raise PServerError(Status.INVALID_ARGUMENT,
+                                   f"send of {name!r} from trainer {t} for step {step}: applying it makes "
+                                   f"{bad[0]!r} hold {bad[1]} NaN or Inf value(s) although the gradient is finite; "
+                                   "refused, the parameters are unchanged", hint=_NONFINITE_HINT)
+            if update is not None:
+                update.commit()
             if self._geo_changed and name in self._table_grads:
                 changed = self._geo_changed[self.config.sparse_grad_to_param[name]]
                 rows = np.asarray(value.rows)
@@ -821,6 +868,82 @@ def _scaled(value: Any, factor: float) -> Any:
         return SelectedRows(value.rows, values * values.dtype.type(factor), value.height)
     arr = np.asarray(value)
     return arr * arr.dtype.type(factor)
+
+
+_NONFINITE_HINT = ("lower the learning rate, clip gradients, or check the input data "
+                   "(FLAGS_pserver_check_finite=0 turns this check off)")
+
+
+def _overwritten(program: Program, idx: int) -> frozenset[str]:
+    """The variables block ``idx`` reads and then writes (a parameter, an accumulator, a counter)."""
+    reads: set[str] = set()
+    writes: set[str] = set()
+    for op in program.block(idx).ops:
+        reads.update(op.input_arg_names)
+        writes.update(op.output_arg_names)
+    return frozenset(reads & writes)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, SelectedRows):
+        return SelectedRows(value.rows, _copy(value.values), value.height)
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    return jnp.array(value, copy=True)
+
+
+@jax.jit
+def _finite_flags(values: tuple[Any, ...]) -> Any:
+    return jnp.stack([jnp.isfinite(v).all() for v in values])
+
+
+class _Update(Scope):
+    """The scope of a checked update: reads fall through to the request's scope and the pserver's; the
+    pserver's variables the blocks overwrite are read as copies (the executor donates what it
+    overwrites, and a refused update must leave the originals intact); writes are held here until
+    ``commit``."""
+
+    def __init__(self, inputs: Scope, shared: Scope, overwritten: set[str], gradients: set[str],
+                 write_back_all: bool) -> None:
+        super().__init__(inputs)
+        self._shared = shared
+        self._write_back_all = write_back_all
+        self._gradients = gradients
+        self.written: dict[str, None] = {}
+        for name in sorted(overwritten):
+            value = shared.find_var(name)
+            if value is not None:
+                super().set_var(name, _copy(value))
+
+    def set_var(self, name: str, value: Any) -> None:
+        super().set_var(name, value)
+        self.written[name] = None
+
+    def nonfinite(self) -> tuple[str, int] | None:
+        """The first written floating variable holding NaN or Inf (a parameter or accumulator before a
+        gradient the blocks summed or scaled) and how many it holds, or None (one fused check over every
+        written value)."""
+        names, values = [], []
+        for name in sorted(self.written, key=lambda n: n in self._gradients):
+            value = self.find_var(name)
+            arr = value.values if isinstance(value, SelectedRows) else value
+            if getattr(arr, "dtype", None) is not None and jnp.issubdtype(arr.dtype, jnp.floating) and arr.size:
+                names.append(name)
+                values.append(arr)
+        if not values:
+            return None
+        flags = np.asarray(_finite_flags(tuple(values)))
+        if flags.all():
+            return None
+        first = int(np.flatnonzero(~flags)[0])
+        return names[first], _nonfinite_count(values[first])
+
+    def commit(self) -> None:
+        """Write the results to the pserver's scope: every one, or (a request's update) those of the
+        pserver's own variables, as ``_WriteThrough`` would have."""
+        for name in self.written:
+            if self._write_back_all or self._shared.find_var(name) is not None:
+                self._shared.set_var(name, self.find_var(name))
 
 
 class _WriteThrough(Scope):

@@ -21,8 +21,8 @@ import pytest
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import PServerError, Status
 from runtime.rpc.server import SERVICE, grpc_options
-from runtime.rpc.wire import decode_batch
-from tests.runtime.rpc.conftest import PSHandle, free_port
+from runtime.rpc.wire import decode_batch, encode_variable
+from tests.runtime.rpc.conftest import LR, PARAMS, PSHandle, free_port, inc
 
 TIMEOUT_S = 5.0
 START_S = 60.0
@@ -133,3 +133,54 @@ def test_a_get_asking_more_than_the_message_limit_is_refused(make_pserver: Calla
     assert f"asks for {sum(sizes.values())} bytes, above this pserver's reply limit of " \
            f"{sum(sizes.values()) - 1} bytes" in str(info.value)
     assert len(h.pserver.get_many(0, ["fc_b", "fc_w.block1"], max_bytes=sum(sizes.values()))) == 2
+
+
+# --- overflow after the sum -------------------------------------------------------------------------------------
+def _barrier(channel: grpc.Channel, t: int, step: int, kind: int) -> Any:
+    fn = channel.unary_unary(f"/{SERVICE}/Barrier", request_serializer=_identity, response_deserializer=_identity)
+    return fn.future(pb.BarrierRequest(trainer_id=t, step=step, kind=kind, incarnation=inc(t)).SerializeToString(),
+                     timeout=TIMEOUT_S)
+
+
+def test_finite_gradients_whose_sum_overflows_are_refused_with_the_parameters_unchanged(
+        make_pserver: Callable[..., PSHandle]) -> None:
+    h = make_pserver(True, serve=True)
+    before = h.params()
+    with grpc.insecure_channel(h.endpoint, options=grpc_options(0)) as channel:
+        for t in (0, 1):  # each 3e38 is finite; their sum is not
+            _call(channel, "SendVariable", encode_variable(h.grad_name("fc_b", t), np.full(30, 3e38, np.float32),
+                                                            trainer_id=t, seq=1, incarnation=inc(t)))
+        errors = []
+        for f in [_barrier(channel, t, 0, pb.SEND) for t in (0, 1)]:
+            with pytest.raises(grpc.RpcError) as info:
+                f.result()
+            errors.append(info.value)
+        for err in errors:
+            assert err.code() == CODE.ABORTED, err.details()
+            assert f"pserver {h.endpoint}: step 0 refused: its update of 'fc_b' holds 30 NaN or Inf value(s) " \
+                   "although every gradient was finite" in err.details()
+            assert "the parameters are unchanged" in err.details()
+    after = h.params()
+    for p in PARAMS:
+        np.testing.assert_array_equal(after[p], before[p])
+    assert h.pserver.health()["rejected_nonfinite"] == 1
+
+
+def test_an_async_update_that_overflows_is_refused_and_the_next_is_applied(make_pserver: Callable[..., PSHandle]) -> None:
+    h = make_pserver(False, serve=True)
+    g = np.full(30, -3e38, np.float32)  # finite; SGD adds 3e37 a send, so the 12th leaves float32's range
+    with grpc.insecure_channel(h.endpoint, options=grpc_options(0)) as channel:
+        def send(value: np.ndarray, seq: int) -> bytes:
+            return encode_variable(h.grad_name("fc_b", 0), value, trainer_id=0, step=seq, seq=seq, incarnation=inc(0))
+
+        for seq in range(1, 12):
+            _call(channel, "SendVariable", send(g, seq))
+        before = h.params()
+        assert np.isfinite(before["fc_b"]).all() and before["fc_b"].min() > 3e38
+        err = _error(channel, "SendVariable", send(g, 12))
+        assert err.code() == CODE.INVALID_ARGUMENT
+        assert "send of 'fc_b@GRAD' from trainer 0 for step 12: applying it makes 'fc_b' hold 30 NaN or Inf " \
+               "value(s) although the gradient is finite; refused, the parameters are unchanged" in err.details()
+        np.testing.assert_array_equal(h.params()["fc_b"], before["fc_b"])
+        _call(channel, "SendVariable", send(-g, 13))  # the pserver goes on serving and applying
+    np.testing.assert_allclose(h.params()["fc_b"], before["fc_b"] - np.float32(LR) * -g, rtol=1e-6)
