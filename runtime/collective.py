@@ -14,6 +14,13 @@ device a rank. Every value is a rank's own value ("per rank"):
   replicated (``P()``) and each device holds its own copy. Copies differ until a collective makes them
   equal (``c_broadcast`` at startup, ``c_allreduce_sum`` on gradients); ``shard_map`` runs with
   ``check_vma=False`` so JAX does not second-guess that.
+Ranks must run the same program: the rendezvous compares each trainer's fingerprint of the program that
+forms the group (the trainer startup program, whose ``gen_nccl_id`` joins it) with trainer 0's: every op's
+type, arguments, attributes and argument shapes, rank-specific attributes left out (``RANK_ATTRS``: the
+trainer id, endpoints, random seeds, which ``c_broadcast`` makes irrelevant). A difference (another learning
+rate, another layer size) fails every rank with an error naming the ranks and the first differing op,
+before any collective could hang or abort on mismatched shapes.
+
 A process reads its own value of a global array with ``local_value`` (its first device's copy, or its
 batch rows; fetches of other values concatenate its devices' copies along dim 0, as Fluid's
 ParallelExecutor did).
@@ -25,6 +32,7 @@ bounded by ``FLAGS_collective_timeout_s`` (default 120 s, read when the group is
 from __future__ import annotations
 
 import hmac
+import json
 import os
 import socket
 import struct
@@ -43,8 +51,11 @@ AXIS = "dp"
 TIMEOUT_ENV = "FLAGS_collective_timeout_s"
 HEARTBEAT_ENV = "FLAGS_collective_heartbeat_s"
 TOKEN_ENV = "FLOTILLA_JOB_TOKEN"
-_MAGIC = b"FLTC"  # rendezvous messages: magic, rank, token digest
-_GO, _ABORT = b"G", b"A"
+_MAGIC = b"FLT2"  # rendezvous hello: magic, rank, token digest, program fingerprint (length-prefixed JSON)
+_GO, _ABORT, _MISMATCH = b"G", b"A", b"M"
+MAX_FINGERPRINT = 64 << 20  # bytes of a fingerprint a leader reads (a startup program is far smaller)
+RANK_ATTRS = frozenset({"trainer_id", "endpoint", "other_endpoints", "trainer_endpoints", "current_endpoint",
+                        "seed", "op_callstack"})
 
 
 class CollectiveError(ExecutionError):
@@ -85,9 +96,10 @@ def _seconds(env: str, default: float) -> float:
     return value
 
 
-def join_group(trainer_id: int, endpoints: Sequence[str]) -> Group:
-    """Form the trainer group (once per process): rendezvous on ``endpoints[0]``, then
-    ``jax.distributed.initialize`` with trainer 0 as the coordinator, bound on that endpoint only.
+def join_group(trainer_id: int, endpoints: Sequence[str], program: Any = None) -> Group:
+    """Form the trainer group (once per process): rendezvous on ``endpoints[0]`` (checking that every
+    trainer runs the same ``program``, see the module docstring), then ``jax.distributed.initialize`` with
+    trainer 0 as the coordinator, bound on that endpoint only.
 
     Joining again with the same arguments returns the group; with others it raises."""
     global _group
@@ -113,7 +125,7 @@ def join_group(trainer_id: int, endpoints: Sequence[str]) -> Group:
     timeout = _seconds(TIMEOUT_ENV, 120.0)
     heartbeat = _seconds(HEARTBEAT_ENV, 30.0)
     token = os.environ.get(TOKEN_ENV, "")
-    _rendezvous(trainer_id, eps, timeout, token)
+    _rendezvous(trainer_id, eps, timeout, token, fingerprint(program) if program is not None else [])
     kwargs: dict[str, Any] = {}
     gpus = os.environ.get("FLAGS_selected_gpus", "").strip()
     if gpus and _has_gpu_platform():
@@ -135,21 +147,88 @@ def _digest(token: str) -> bytes:
     return hmac.new(token.encode(), b"flotilla-collective", "sha256").digest()
 
 
-def _rendezvous(trainer_id: int, eps: tuple[str, ...], timeout: float, token: str) -> None:
-    """Every trainer reports to trainer 0 on its endpoint; trainer 0 answers GO once all are in, or
+def fingerprint(program: Any) -> list[dict[str, Any]]:
+    """What must be equal on every rank of ``program``: per op (in block order) its block, type, arguments,
+    attributes (less ``RANK_ATTRS``) and the shape and dtype of each argument, as JSON-able values."""
+    out = []
+    for block in program.blocks:
+        for op in block.ops:
+            shapes = {}
+            for name in op.input_arg_names + op.output_arg_names:
+                var = block.find_var_recursive(name)
+                if var is not None:
+                    shapes[name] = [list(getattr(var, "shape", ()) or ()), str(getattr(var, "dtype", ""))]
+            out.append({"block": block.idx, "type": op.type, "inputs": _plain(op.inputs),
+                        "outputs": _plain(op.outputs), "shapes": shapes,
+                        "attrs": {k: _plain(v) for k, v in sorted(op.attrs.items()) if k not in RANK_ATTRS}})
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    idx = getattr(value, "idx", None)  # a block reference
+    return f"block {idx}" if isinstance(idx, int) else str(value)
+
+
+def _describe_op(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "no op there"
+    args = ", ".join(f"{k}={v}" for k, v in {**entry["inputs"], **entry["outputs"]}.items())
+    return f"{entry['type']}({args})"
+
+
+def _first_difference(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], rank: int) -> str | None:
+    """Where trainer ``rank``'s program fingerprint first differs from trainer 0's, in words; None if equal."""
+    for i in range(max(len(mine), len(theirs))):
+        a = mine[i] if i < len(mine) else None
+        b = theirs[i] if i < len(theirs) else None
+        if a == b:
+            continue
+        some = a if a is not None else b
+        where = f"op {i} of block {some['block']} ({_describe_op(some)})"
+        if a is None or b is None or a["type"] != b["type"] or a["block"] != b["block"]:
+            return f"{where}: trainer 0 has {_describe_op(a)}, trainer {rank} {_describe_op(b)}"
+        diffs = [f"{key} {a[key]} on trainer 0, {b[key]} on trainer {rank}"
+                 for key in ("inputs", "outputs") if a[key] != b[key]]
+        diffs += [f"attribute {k!r} is {a['attrs'].get(k)!r} on trainer 0, {b['attrs'].get(k)!r} on trainer {rank}"
+                  for k in sorted(set(a["attrs"]) | set(b["attrs"])) if a["attrs"].get(k) != b["attrs"].get(k)]
+        diffs += [f"variable {n!r} is {a['shapes'].get(n)} on trainer 0, {b['shapes'].get(n)} on trainer {rank}"
+                  for n in sorted(set(a["shapes"]) | set(b["shapes"])) if a["shapes"].get(n) != b["shapes"].get(n)]
+        return f"{where}: " + "; ".join(diffs[:4])
+    return None
+
+
+def _rendezvous(trainer_id: int, eps: tuple[str, ...], timeout: float, token: str,
+                program: list[dict[str, Any]]) -> None:
+    """Every trainer reports to trainer 0 on its endpoint with its program fingerprint; trainer 0 answers
+    GO once all are in and run its program, MISMATCH naming the ranks and the first differing op, or
     ABORT naming the missing ones when ``timeout`` passes. The listener is closed before JAX binds the
     same endpoint for its coordinator."""
     host, port = parse_endpoint(eps[0], "trainer 0's endpoint")
     deadline = time.monotonic() + timeout
     digest = _digest(token)
     if trainer_id == 0:
-        _lead(host, port, len(eps), deadline, digest, eps)
+        _lead(host, port, len(eps), deadline, digest, eps, program)
     else:
-        _follow(host, port, trainer_id, deadline, digest, eps)
+        _follow(host, port, trainer_id, deadline, digest, eps, json.dumps(program).encode())
 
 
-def _lead(host: str, port: int, n: int, deadline: float, digest: bytes, eps: tuple[str, ...]) -> None:
+def _mismatch_message(differences: dict[int, str]) -> str:
+    ranks = sorted(differences)
+    first = ranks[0]
+    return (f"trainer(s) {ranks} run a different program than trainer 0 (the program forming the group); "
+            f"trainer {first} first differs at {differences[first]}")
+
+
+def _lead(host: str, port: int, n: int, deadline: float, digest: bytes, eps: tuple[str, ...],
+          program: list[dict[str, Any]]) -> None:
     peers: dict[int, socket.socket] = {}
+    differences: dict[int, str] = {}
     try:
         with socket.create_server((host, port), reuse_port=False) as server:
             server.settimeout(0.2)
@@ -160,21 +239,30 @@ def _lead(host: str, port: int, n: int, deadline: float, digest: bytes, eps: tup
                     continue
                 conn.settimeout(max(0.1, deadline - time.monotonic()))
                 try:
-                    msg = _recv_exact(conn, 4 + 4 + 32)
-                except OSError:
-                    conn.close()
-                    continue
-                rank = struct.unpack("!I", msg[4:8])[0]
-                if msg[:4] != _MAGIC or not 0 < rank < n or rank in peers or not hmac.compare_digest(msg[8:], digest):
+                    msg = _recv_exact(conn, 4 + 4 + 32 + 4)
+                    rank, size = struct.unpack("!I", msg[4:8])[0], struct.unpack("!I", msg[40:44])[0]
+                    if msg[:4] != _MAGIC or not 0 < rank < n or rank in peers or size > MAX_FINGERPRINT \
+                            or not hmac.compare_digest(msg[8:40], digest):
+                        raise ConnectionError("not one of ours")
+                    theirs = json.loads(_recv_exact(conn, size))
+                except (OSError, ValueError):
                     conn.close()  # not one of ours (or a wrong job token): ignore it
                     continue
                 peers[rank] = conn
+                difference = _first_difference(program, theirs, rank)
+                if difference is not None:
+                    differences[rank] = difference
             missing = [r for r in range(1, n) if r not in peers]
-            answer = _ABORT if missing else _GO
+            if missing:
+                answer = _ABORT + struct.pack("!I", len(missing)) + b"".join(struct.pack("!I", r) for r in missing)
+            elif differences:
+                text = _mismatch_message(differences).encode()
+                answer = _MISMATCH + struct.pack("!I", len(text)) + text
+            else:
+                answer = _GO + struct.pack("!I", 0)
             for conn in peers.values():
                 try:
-                    conn.sendall(answer + struct.pack("!I", len(missing)) + b"".join(struct.pack("!I", r)
-                                                                                      for r in missing))
+                    conn.sendall(answer)
                 except OSError:
                     pass
             for conn in peers.values():  # let the followers close first (no TIME_WAIT on our port)
@@ -194,9 +282,16 @@ def _lead(host: str, port: int, n: int, deadline: float, digest: bytes, eps: tup
                               f"within {TIMEOUT_ENV}={_seconds(TIMEOUT_ENV, 120.0):g} s",
                               hint="start every trainer (flotilla launch --nproc_per_node N does), with the same "
                                    "PADDLE_TRAINER_ENDPOINTS and job token")
+    if differences:
+        raise CollectiveError(_mismatch_message(differences), hint=_MISMATCH_HINT)
 
 
-def _follow(host: str, port: int, trainer_id: int, deadline: float, digest: bytes, eps: tuple[str, ...]) -> None:
+_MISMATCH_HINT = ("every trainer must build the same program (same layers, sizes and optimizer settings) and "
+                  "differ only in its trainer id; check the script's per-rank branches and arguments")
+
+
+def _follow(host: str, port: int, trainer_id: int, deadline: float, digest: bytes, eps: tuple[str, ...],
+            program: bytes) -> None:
     while True:
         try:
             conn = socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic())))
@@ -211,9 +306,12 @@ def _follow(host: str, port: int, trainer_id: int, deadline: float, digest: byte
     with conn:
         conn.settimeout(max(0.1, deadline - time.monotonic()) + 5.0)
         try:
-            conn.sendall(_MAGIC + struct.pack("!I", trainer_id) + digest)
+            conn.sendall(_MAGIC + struct.pack("!I", trainer_id) + digest + struct.pack("!I", len(program)) + program)
             answer = _recv_exact(conn, 5)
             count = struct.unpack("!I", answer[1:5])[0]
+            if answer[:1] == _MISMATCH:
+                text = _recv_exact(conn, count).decode("utf-8", "replace")
+                raise CollectiveError(text, hint=_MISMATCH_HINT)
             missing = list(struct.unpack(f"!{count}I", _recv_exact(conn, 4 * count))) if count else []
         except OSError as e:
             raise CollectiveError(f"the rendezvous with trainer 0 ({eps[0]}) broke off: {e}",

@@ -163,3 +163,19 @@ def test_a_trainer_that_never_comes_is_named(tmp_path: pathlib.Path, procs: Proc
     missing = endpoints.split(",")[2]
     for text in (text0, text1):
         assert f"trainer(s) [2] ({missing}) did not join the group" in text, text[-2000:]
+
+
+def test_ranks_running_different_programs_fail_naming_the_first_difference(tmp_path: pathlib.Path,
+                                                                          procs: Procs) -> None:
+    """Learning rate 0.1 on rank 0 and 0.2 on rank 1: both fail at group formation (no gloo abort, no
+    silently diverging replicas), naming the ranks and the learning rate's fill_constant."""
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    started = [procs.start(["--rank", str(r), "--endpoints", endpoints, "--out", str(tmp_path), "--configs",
+                            "sgd_allreduce", "--lr-factor", str(1 + r)]) for r in range(2)]
+    for code, out in [procs.wait(p) for p in started]:
+        assert code != 0 and "Traceback" not in out.split("[E650]")[-1], out
+        assert "[E650] trainer(s) [1] run a different program than trainer 0 (the program forming the group); " \
+               "trainer 1 first differs at op 1 of block 0 (fill_constant(Out=['learning_rate_0'])): attribute " \
+               "'value' is 0.1 on trainer 0, 0.2 on trainer 1" in out, out
+        assert "SIGABRT" not in out and "Fatal Python error" not in out
+    assert not list(tmp_path.glob("*.npz"))
