@@ -31,11 +31,13 @@ bounded by ``FLAGS_collective_timeout_s`` (default 120 s, read when the group is
 """
 from __future__ import annotations
 
+import atexit
 import hmac
 import json
 import os
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -77,6 +79,8 @@ class Group:
 
 
 _group: Group | None = None  # jax.distributed is process-global state; so is the group it forms
+_failed = False  # a collective step of the group failed (describe_failure): the group is broken for good
+EXIT_BROKEN_GROUP = 1
 
 
 def current_group() -> Group | None:
@@ -135,7 +139,18 @@ def join_group(trainer_id: int, endpoints: Sequence[str], program: Any = None) -
                                initialization_timeout=max(1, int(timeout)),
                                heartbeat_timeout_seconds=max(1, int(heartbeat)), **kwargs)
     _group = Group(trainer_id, eps)
+    atexit.register(_exit_if_broken)  # runs before JAX's own exit handler, registered when JAX was imported
     return _group
+
+
+def _exit_if_broken() -> None:
+    """At exit of a process whose group broke: end now, with status 1, instead of letting JAX shut the
+    group down (its shutdown barrier cannot pass without the lost peer, and it aborts the process with a
+    C++ stack trace below the Flotilla error already printed)."""
+    if _failed:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_BROKEN_GROUP)
 
 
 def _has_gpu_platform() -> bool:
@@ -432,7 +447,10 @@ def device_mesh() -> DataParallel:
 
 def describe_failure(error: BaseException) -> CollectiveError:
     """A collective step failed (a peer died or hung up): say which trainers are gone, when the group's
-    key-value store can tell within a couple of seconds (the survivors report in; the rest are gone)."""
+    key-value store can tell within a couple of seconds (the survivors report in; the rest are gone). The
+    group is broken from then on: the process exits with status 1 without shutting it down."""
+    global _failed
+    _failed = True
     missing = _missing_ranks()
     who = f"trainer(s) {missing} left the group" if missing else "a peer trainer left the group"
     size = f" of {_group.nranks} trainers" if _group is not None else ""
