@@ -23,7 +23,9 @@ only from the live incarnation of an announced id (FAILED_PRECONDITION otherwise
 forged request that does not know the incarnation can neither finish nor corrupt the job. Sequence
 numbers are per (incarnation, variable) and advance by one: a repeated or older seq is a retry
 (acknowledged, dropped); a jump is FAILED_PRECONDITION. A restarted trainer (same id, new incarnation)
-either rejoins (``allow_rejoin``, the default) or is refused with FAILED_PRECONDITION. A rejoining
+either rejoins (``allow_rejoin``, the default) or is refused with FAILED_PRECONDITION; it is refused too
+when the pserver is not ``authenticated`` (no job token, no mutual TLS): anyone reaching the port could
+claim a live trainer's id and then complete it. A rejoining
 trainer is admitted at the next step boundary: the step in progress completes without it (whatever its
 dead incarnation sent, every send that was acknowledged, is applied; if it had already sent gradients for
 the next step, it joins one step later so those are applied too), ``announce`` returns once the pserver
@@ -204,13 +206,14 @@ class PServer:
     def __init__(self, program: Program, scope: Scope, op: Operator, run_block: Callable[[int, Scope], None], *,
                  barrier_timeout: float = 120.0, save_persistables: Callable[[str], None] | None = None,
                  checkpoint_root: str | None = None, allow_rejoin: bool = True, check_finite: bool = True,
-                 log: Callable[[str], None] | None = None) -> None:
+                 authenticated: bool = False, log: Callable[[str], None] | None = None) -> None:
         self.program, self.scope, self.config = program, scope, ServeConfig.from_op(op)
         self._run_block = run_block
         self._save = save_persistables
         self.barrier_timeout = barrier_timeout
         self.checkpoint_root = checkpoint_root
         self.allow_rejoin = allow_rejoin
+        self.authenticated = authenticated
         self.check_finite = check_finite
         self._log = log or _log_stderr
         block = program.global_block()
@@ -246,7 +249,7 @@ class PServer:
         # What each optimize block overwrites (reads, then writes): the executor donates those buffers, so a
         # checked update runs on copies of them and commits only once its results are finite.
         self._overwritten = {idx: _overwritten(program, idx) for idx in range(program.num_blocks)}
-        self._gradients = set(self._received) | set(self.config.grad_to_block)
+        self._gradients = frozenset(self._received) | frozenset(self.config.grad_to_block)
         self._cv = threading.Condition()
         self._live = set(range(self.config.trainers))
         self._trainers: dict[int, _Incarnation] = {}
@@ -334,6 +337,14 @@ class PServer:
                             f"{cur.incarnation:#x}), but this job forbids rejoining",
                             hint="restart the whole job from a checkpoint, or allow rejoin "
                                  "(FLAGS_pserver_allow_rejoin=1)")
+                    if not self.authenticated:
+                        raise PServerError(
+                            Status.FAILED_PRECONDITION,
+                            f"Announce of trainer {trainer_id} as incarnation {incarnation:#x}, but that trainer is "
+                            f"live as {cur.incarnation:#x}; this pserver authenticates nobody, so it cannot tell a "
+                            "restarted trainer from any process claiming its id, and refuses the second incarnation",
+                            hint="run the job with FLOTILLA_JOB_TOKEN (flotilla launch sets it) or mutual TLS to let "
+                                 "a restarted trainer rejoin; otherwise restart the whole job")
                     joins = self._sync.step + 1
                     mine = {n for n, v in self._received.items() if v.trainer_id == trainer_id}
                     if mine & self._fresh.get(joins, set()):
@@ -900,17 +911,17 @@ def _finite_flags(values: tuple[Any, ...]) -> Any:
 class _Update(Scope):
     """The scope of a checked update: reads fall through to the request's scope and the pserver's; the
     pserver's variables the blocks overwrite are read as copies (the executor donates what it
-    overwrites, and a refused update must leave the originals intact); writes are held here until
-    ``commit``."""
+    overwrites, and a refused update must leave the originals intact), gradients excepted; writes are
+    held here until ``commit``."""
 
-    def __init__(self, inputs: Scope, shared: Scope, overwritten: set[str], gradients: set[str],
+    def __init__(self, inputs: Scope, shared: Scope, overwritten: set[str], gradients: frozenset[str],
                  write_back_all: bool) -> None:
         super().__init__(inputs)
         self._shared = shared
         self._write_back_all = write_back_all
         self._gradients = gradients
         self.written: dict[str, None] = {}
-        for name in sorted(overwritten):
+        for name in sorted(overwritten - gradients):  # a gradient is this step's alone: nothing to keep
             value = shared.find_var(name)
             if value is not None:
                 super().set_var(name, _copy(value))
@@ -920,11 +931,13 @@ class _Update(Scope):
         self.written[name] = None
 
     def nonfinite(self) -> tuple[str, int] | None:
-        """The first written floating variable holding NaN or Inf (a parameter or accumulator before a
-        gradient the blocks summed or scaled) and how many it holds, or None (one fused check over every
-        written value)."""
+        """The first written floating variable (a parameter, an accumulator, a learning rate; not a
+        gradient the blocks summed or scaled, which the step's parameter update reflects) holding NaN or
+        Inf and how many it holds, or None (one fused check over every such value)."""
         names, values = [], []
-        for name in sorted(self.written, key=lambda n: n in self._gradients):
+        for name in self.written:
+            if name in self._gradients:
+                continue
             value = self.find_var(name)
             arr = value.values if isinstance(value, SelectedRows) else value
             if getattr(arr, "dtype", None) is not None and jnp.issubdtype(arr.dtype, jnp.floating) and arr.size:

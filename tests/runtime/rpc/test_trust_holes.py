@@ -18,9 +18,10 @@ import grpc
 import numpy as np
 import pytest
 
+from runtime.flags import FlagError, RPCSecurity, rpc_security
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import PServerError, Status
-from runtime.rpc.server import SERVICE, grpc_options
+from runtime.rpc.server import SERVICE, check_exposure, grpc_options
 from runtime.rpc.wire import decode_batch, encode_variable
 from tests.runtime.rpc.conftest import LR, PARAMS, PSHandle, free_port, inc
 
@@ -66,14 +67,19 @@ class Process:
         self.proc = subprocess.Popen([sys.executable, *args], env=full, cwd=ROOT, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
 
-    def output(self, timeout: float = START_S) -> tuple[int, str]:
-        out, _ = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, out
+        self.out: str | None = None
 
-    def kill(self) -> None:
+    def output(self, timeout: float = START_S) -> tuple[int, str]:
+        """The exit status and everything the process wrote, once it has exited."""
+        if self.out is None:
+            self.out = self.proc.communicate(timeout=timeout)[0]
+        return self.proc.returncode, self.out
+
+    def kill(self) -> str:
+        """Kill the process if it still runs; what it wrote."""
         if self.proc.poll() is None:
             self.proc.kill()
-        self.proc.communicate(timeout=TIMEOUT_S)
+        return self.output(TIMEOUT_S)[1]
 
 
 @pytest.fixture
@@ -184,3 +190,59 @@ def test_an_async_update_that_overflows_is_refused_and_the_next_is_applied(make_
         np.testing.assert_array_equal(h.params()["fc_b"], before["fc_b"])
         _call(channel, "SendVariable", send(-g, 13))  # the pserver goes on serving and applying
     np.testing.assert_allclose(h.params()["fc_b"], before["fc_b"] - np.float32(LR) * -g, rtol=1e-6)
+
+
+# --- a pserver without a token ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "127.0.1.1"])
+def test_a_loopback_pserver_needs_no_token(host: str) -> None:
+    assert check_exposure(f"{host}:6174", RPCSecurity()) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "[::]", "10.0.0.1", "nosuchhost.invalid"])
+def test_a_pserver_beyond_loopback_needs_a_token_or_the_opt_out(host: str) -> None:
+    with pytest.raises(FlagError) as info:
+        check_exposure(f"{host}:6174", RPCSecurity())
+    assert f"pserver {host}:6174: {host} is reachable from other machines and this pserver authenticates " \
+           "nobody" in info.value.message
+    assert "FLOTILLA_JOB_TOKEN" in info.value.hint and "FLOTILLA_INSECURE_PSERVER=1" in info.value.hint
+    assert check_exposure(f"{host}:6174", RPCSecurity(token="t")) is None
+    assert check_exposure(f"{host}:6174", RPCSecurity(cert=b"c", key=b"k", ca=b"ca")) is None  # mutual TLS
+    with pytest.raises(FlagError):
+        check_exposure(f"{host}:6174", RPCSecurity(cert=b"c", key=b"k"))  # TLS alone authenticates nobody
+    warning = check_exposure(f"{host}:6174", RPCSecurity(insecure=True))
+    assert warning is not None and "serving without authentication beyond loopback" in warning
+    assert rpc_security({"FLOTILLA_INSECURE_PSERVER": "1"}).insecure
+
+
+def test_a_pserver_started_on_every_interface_without_a_token_is_refused(processes: Callable[..., Process]) -> None:
+    port = free_port()
+    refused = processes(["-m", "tests.runtime.rpc.lone_pserver", f"0.0.0.0:{port}"])
+    code, out = refused.output()
+    assert code != 0, out
+    assert f"[E760] pserver 0.0.0.0:{port}: 0.0.0.0 is reachable from other machines" in out
+    assert "FLOTILLA_JOB_TOKEN" in out and "FLOTILLA_INSECURE_PSERVER=1" in out
+    # the explicit opt-out starts it, and it says so
+    opted = processes(["-m", "tests.runtime.rpc.lone_pserver", f"0.0.0.0:{port}"],
+                      env={"FLOTILLA_INSECURE_PSERVER": "1"})
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=grpc_options(0)) as channel:
+        _serving(channel, opted)
+    assert "WARNING: serving without authentication beyond loopback (FLOTILLA_INSECURE_PSERVER=1)" in opted.kill()
+
+
+def test_without_authentication_a_second_incarnation_of_a_live_trainer_is_refused(
+        make_pserver: Callable[..., PSHandle]) -> None:
+    h = make_pserver(True, serve=True)  # no token: trainers 0 and 1 announced as inc(0), inc(1)
+    snapshot = h.snapshot()
+    forged = inc(1) + 0x77
+    with grpc.insecure_channel(h.endpoint, options=grpc_options(0)) as channel:
+        err = _error(channel, "Announce", pb.AnnounceRequest(trainer_id=1, incarnation=forged).SerializeToString())
+        assert err.code() == CODE.FAILED_PRECONDITION
+        assert f"Announce of trainer 1 as incarnation {forged:#x}, but that trainer is live as {inc(1):#x}; this " \
+               "pserver authenticates nobody" in err.details() and "FLOTILLA_JOB_TOKEN" in err.details()
+        err = _error(channel, "Complete", pb.CompleteRequest(trainer_id=1, incarnation=forged).SerializeToString())
+        assert err.code() == CODE.FAILED_PRECONDITION
+        assert h.snapshot() == snapshot and h.pserver.health()["live_trainers"] == [0, 1]
+        # the live incarnation goes on
+        _call(channel, "SendVariable", encode_variable(h.grad_name("fc_b", 1), np.ones(30, np.float32), trainer_id=1,
+                                                        seq=1, incarnation=inc(1)))
+    assert h.snapshot() != snapshot
