@@ -19,7 +19,8 @@ forms the group (the trainer startup program, whose ``gen_nccl_id`` joins it) wi
 type, arguments, attributes and argument shapes, rank-specific attributes left out (``RANK_ATTRS``: the
 trainer id, endpoints, random seeds, which ``c_broadcast`` makes irrelevant). A difference (another learning
 rate, another layer size) fails every rank with an error naming the ranks and the first differing op,
-before any collective could hang or abort on mismatched shapes.
+before any collective could hang or abort on mismatched shapes. Each later program's first collective run
+is checked the same way (``check_program``), through the group's key-value store.
 
 A process reads its own value of a global array with ``local_value`` (its first device's copy, or its
 batch rows; fetches of other values concatenate its devices' copies along dim 0, as Fluid's
@@ -39,6 +40,7 @@ import socket
 import struct
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -57,7 +59,7 @@ _MAGIC = b"FLT2"  # rendezvous hello: magic, rank, token digest, program fingerp
 _GO, _ABORT, _MISMATCH = b"G", b"A", b"M"
 MAX_FINGERPRINT = 64 << 20  # bytes of a fingerprint a leader reads (a startup program is far smaller)
 RANK_ATTRS = frozenset({"trainer_id", "endpoint", "other_endpoints", "trainer_endpoints", "current_endpoint",
-                        "seed", "op_callstack"})
+                        "seed", "op_callstack", "op_role_var"})  # op_role_var names variables: see fingerprint
 
 
 class CollectiveError(ExecutionError):
@@ -143,6 +145,57 @@ def join_group(trainer_id: int, endpoints: Sequence[str], program: Any = None) -
     return _group
 
 
+_checked: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # program -> version checked
+_programs_checked = 0  # programs checked so far: every rank checks its programs in the same order
+
+
+def check_program(program: Any) -> None:
+    """Before ``program``'s first collective run (and after any change to it): every rank publishes its
+    fingerprint in the group's key-value store and compares every rank's with trainer 0's; all ranks
+    fail alike (CollectiveError naming the ranks and the first differing op) if any differs. A wait
+    for a rank that does not publish is bounded by ``FLAGS_collective_timeout_s``."""
+    global _programs_checked
+    group = _group
+    version = getattr(program, "version", 0)
+    if group is None or group.nranks == 1 or _checked.get(program) == version:
+        return
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        return
+    mine = fingerprint(program)
+    text = json.dumps(mine)
+    key = f"flotilla/program/{_programs_checked}"
+    _programs_checked += 1
+    compared = json.dumps([[entry[k] for k in _COMPARED] for entry in mine])
+    digest = hmac.new(b"flotilla-program", compared.encode(), "sha256").hexdigest()
+    client.key_value_set(f"{key}/digest/{group.trainer_id}", digest)
+    client.key_value_set(f"{key}/fingerprint/{group.trainer_id}", text)
+    timeout_ms = int(_seconds(TIMEOUT_ENV, 120.0) * 1000)
+    digests = {}
+    for rank in range(group.nranks):
+        try:
+            digests[rank] = client.blocking_key_value_get(f"{key}/digest/{rank}", timeout_ms)
+        except Exception as e:  # noqa: BLE001 - the store says only that the wait failed
+            raise CollectiveError(f"trainer {rank} did not reach the first collective run of this program within "
+                                  f"{TIMEOUT_ENV}={timeout_ms / 1000:g} s ({str(e).splitlines()[0]})",
+                                  hint="every trainer must run the same programs in the same order") from None
+    differing = [r for r in range(1, group.nranks) if digests[r] != digests[0]]
+    if differing:
+        first = differing[0]
+        lead = mine if group.trainer_id == 0 else json.loads(client.blocking_key_value_get(
+            f"{key}/fingerprint/0", timeout_ms))
+        theirs = mine if group.trainer_id == first else json.loads(client.blocking_key_value_get(
+            f"{key}/fingerprint/{first}", timeout_ms))
+        difference = _first_difference(lead, theirs, first) or "an op"
+        # Every rank fails alike and the group is intact: JAX's shutdown barrier at exit passes, and the
+        # coordinator (trainer 0) keeps the store up until every rank has read what it needs.
+        raise CollectiveError(f"trainer(s) {differing} run a different program than trainer 0; trainer {first} "
+                              f"first differs at {difference}", hint=_MISMATCH_HINT)
+    _checked[program] = version
+
+
 def _exit_if_broken() -> None:
     """At exit of a process whose group broke: end now, with status 1, instead of letting JAX shut the
     group down (its shutdown barrier cannot pass without the lost peer, and it aborts the process with a
@@ -164,19 +217,37 @@ def _digest(token: str) -> bytes:
 
 def fingerprint(program: Any) -> list[dict[str, Any]]:
     """What must be equal on every rank of ``program``: per op (in block order) its block, type, arguments,
-    attributes (less ``RANK_ATTRS``) and the shape and dtype of each argument, as JSON-able values."""
+    attributes (less ``RANK_ATTRS``) and the shape and dtype of each argument, as JSON-able values.
+    Variables are compared by structure, numbered in order of first use (``args``), so a rank whose
+    names are offset (it built another program first) still matches; ``names`` keeps them for messages."""
     out = []
+    number: dict[str, str] = {}
     for block in program.blocks:
         for op in block.ops:
-            shapes = {}
-            for name in op.input_arg_names + op.output_arg_names:
-                var = block.find_var_recursive(name)
-                if var is not None:
-                    shapes[name] = [list(getattr(var, "shape", ()) or ()), str(getattr(var, "dtype", ""))]
-            out.append({"block": block.idx, "type": op.type, "inputs": _plain(op.inputs),
-                        "outputs": _plain(op.outputs), "shapes": shapes,
-                        "attrs": {k: _plain(v) for k, v in sorted(op.attrs.items()) if k not in RANK_ATTRS}})
+            shapes: dict[str, Any] = {}
+            args: list[Any] = []
+            real: list[Any] = []
+            for slots in (op.inputs, op.outputs):
+                for slot, names in sorted(slots.items()):
+                    args.append([slot, [number.setdefault(n, f"v{len(number)}") for n in names]])
+                    real.append([slot, list(names)])
+                    for n in names:
+                        var = block.find_var_recursive(n)
+                        if var is not None:
+                            shapes[number[n]] = [list(var.shape), str(var.dtype)]
+            out.append({"block": block.idx, "type": op.type, "args": args, "shapes": shapes,
+                        "attrs": {k: _plain(v) for k, v in sorted(op.attrs.items()) if k not in RANK_ATTRS},
+                        "names": real})
     return out
+
+
+_COMPARED = ("block", "type", "args", "shapes", "attrs")  # a fingerprint entry less its names
+
+
+def _same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return all(a[k] == b[k] for k in _COMPARED)
 
 
 def _plain(value: Any) -> Any:
@@ -193,7 +264,7 @@ def _plain(value: Any) -> Any:
 def _describe_op(entry: dict[str, Any] | None) -> str:
     if entry is None:
         return "no op there"
-    args = ", ".join(f"{k}={v}" for k, v in {**entry["inputs"], **entry["outputs"]}.items())
+    args = ", ".join(f"{slot}={names}" for slot, names in entry["names"])
     return f"{entry['type']}({args})"
 
 
@@ -202,18 +273,20 @@ def _first_difference(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], 
     for i in range(max(len(mine), len(theirs))):
         a = mine[i] if i < len(mine) else None
         b = theirs[i] if i < len(theirs) else None
-        if a == b:
+        if _same(a, b):
             continue
         some = a if a is not None else b
         where = f"op {i} of block {some['block']} ({_describe_op(some)})"
         if a is None or b is None or a["type"] != b["type"] or a["block"] != b["block"]:
             return f"{where}: trainer 0 has {_describe_op(a)}, trainer {rank} {_describe_op(b)}"
-        diffs = [f"{key} {a[key]} on trainer 0, {b[key]} on trainer {rank}"
-                 for key in ("inputs", "outputs") if a[key] != b[key]]
+        diffs = [f"arguments {_describe_op(a)} on trainer 0, {_describe_op(b)} on trainer {rank}"] \
+            if a["args"] != b["args"] else []
         diffs += [f"attribute {k!r} is {a['attrs'].get(k)!r} on trainer 0, {b['attrs'].get(k)!r} on trainer {rank}"
                   for k in sorted(set(a["attrs"]) | set(b["attrs"])) if a["attrs"].get(k) != b["attrs"].get(k)]
-        diffs += [f"variable {n!r} is {a['shapes'].get(n)} on trainer 0, {b['shapes'].get(n)} on trainer {rank}"
-                  for n in sorted(set(a["shapes"]) | set(b["shapes"])) if a["shapes"].get(n) != b["shapes"].get(n)]
+        real = {c: n for (_, cs), (_, ns) in zip(a["args"], a["names"]) for c, n in zip(cs, ns)}
+        diffs += [f"variable {real.get(c, c)!r} is {a['shapes'].get(c)} on trainer 0, {b['shapes'].get(c)} on "
+                  f"trainer {rank}" for c in sorted(set(a["shapes"]) | set(b["shapes"]))
+                  if a["shapes"].get(c) != b["shapes"].get(c)]
         return f"{where}: " + "; ".join(diffs[:4])
     return None
 
@@ -477,5 +550,5 @@ def _missing_ranks(wait_s: float = 2.0) -> list[int]:
     return [r for r in range(group.nranks) if r not in alive]
 
 
-__all__ = ["AXIS", "CollectiveError", "DataParallel", "Group", "current_group", "describe_failure", "device_mesh",
-           "join_group", "local_value", "process_mesh"]
+__all__ = ["AXIS", "CollectiveError", "DataParallel", "Group", "check_program", "current_group", "describe_failure",
+           "device_mesh", "join_group", "local_value", "process_mesh"]

@@ -5,7 +5,7 @@ sets it), then trains each configuration of ``CONFIGS`` named by ``--configs`` f
 shard (rows ``rank::nranks``) of every batch, one group for all of them, and saves each configuration's
 parameters to ``DIR/<config>.rank<r>.npz``. ``--die-at-step K`` makes it exit abruptly (status 3) before
 step K of the first configuration, as a crashed trainer would. ``--lr-factor F`` scales the learning
-rate (a rank given another factor runs another program). ``--devices`` (with
+rate and ``--momentum MU`` sets Momentum's (0.9) (a rank given another value runs another program). ``--devices`` (with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, one process) trains through
 ``CompiledProgram.with_data_parallel`` instead.
 """
@@ -39,7 +39,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def build(opt: str, seed: int, lr_factor: float = 1.0) -> tuple[Program, Program, Any]:
+def build(opt: str, seed: int, lr_factor: float = 1.0, mu: float = 0.9) -> tuple[Program, Program, Any]:
     main, startup = Program(), Program()
     main.random_seed = startup.random_seed = seed
     with unique_name.guard(), program_guard(main, startup):
@@ -53,7 +53,7 @@ def build(opt: str, seed: int, lr_factor: float = 1.0) -> tuple[Program, Program
         h = layers.fc(input=x, size=12, act="relu", param_attr=ParamAttr(name="w0"), bias_attr=ParamAttr(name="b0"))
         pred = layers.fc(input=h, size=1, param_attr=ParamAttr(name="w1"), bias_attr=ParamAttr(name="b1"))
         loss = layers.mean(layers.square_error_cost(input=pred, label=y))
-        {"sgd": lambda: optimizer.SGD(0.1 * lr_factor), "momentum": lambda: optimizer.Momentum(0.1 * lr_factor, 0.9),
+        {"sgd": lambda: optimizer.SGD(0.1 * lr_factor), "momentum": lambda: optimizer.Momentum(0.1 * lr_factor, mu),
          "adam": lambda: optimizer.Adam(0.05 * lr_factor)}[opt]().minimize(loss)
     return main, startup, loss
 
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--die-rank", type=int, default=None, help="only this rank dies (default: every rank given)")
     ap.add_argument("--devices", action="store_true")
     ap.add_argument("--lr-factor", type=float, default=1.0)
+    ap.add_argument("--momentum", type=float, default=0.9)
     args = ap.parse_args(argv)
     if args.devices:
         for name in args.configs.split(","):
@@ -108,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     nranks = len(endpoints.split(","))
     for i, name in enumerate(args.configs.split(",")):
         opt, fields = CONFIGS[name]
-        main_p, startup, loss = build(opt, seed=100 + rank, lr_factor=args.lr_factor)  # every rank its own seed:
-        # broadcast must fix it
+        # every rank its own seed: broadcast must fix it
+        main_p, startup, loss = build(opt, seed=100 + rank, lr_factor=args.lr_factor, mu=args.momentum)
         config = DistributeTranspilerConfig(**{"mode": "nccl2", **fields})
         t = DistributeTranspiler(config)
         t.transpile(rank, program=main_p, startup_program=startup, trainers=endpoints)
