@@ -45,7 +45,9 @@ applied (two 3e38 sum to Inf), so the updated values are checked too, before the
 the blocks run on copies of what they overwrite (the executor donates those buffers) and their results
 are committed only if every floating one is finite (one fused check). A sync step that fails it fails the
 pserver (every trainer is told the step and the variable; the parameters stay as before the step); an
-async send that fails it is refused (INVALID_ARGUMENT) and the pserver goes on.
+async send that fails it is refused (INVALID_ARGUMENT) and the pserver goes on. Tables updated by selected
+rows (and their accumulators) are left out: copying and scanning a whole table per update of a few rows
+would cost more than the update.
 
 Checkpoints: ``checkpoint(name)`` saves under ``checkpoint_root/name/pserver_<id>``; ``checkpoint_root``
 is the pserver's own configuration and ``name`` must be a relative path that stays under it (no ``..``,
@@ -249,7 +251,11 @@ class PServer:
         # What each optimize block overwrites (reads, then writes): the executor donates those buffers, so a
         # checked update runs on copies of them and commits only once its results are finite.
         self._overwritten = {idx: _overwritten(program, idx) for idx in range(program.num_blocks)}
-        self._gradients = frozenset(self._received) | frozenset(self.config.grad_to_block)
+        # Selected rows update a few rows of a table in place: a copy and a check of the whole table (and its
+        # accumulators) per update would cost more than the update, so those variables are left out.
+        self._unchecked = frozenset(self._received) | frozenset(self.config.grad_to_block) | frozenset(
+            n for g in self.config.sparse_grad_to_param if g in self.config.grad_to_block
+            for n in self._overwritten[self.config.grad_to_block[g]])
         self._cv = threading.Condition()
         self._live = set(range(self.config.trainers))
         self._trainers: dict[int, _Incarnation] = {}
@@ -752,7 +758,7 @@ class PServer:
                 self._run_block(idx, scope)
             return None
         overwritten = set().union(*(self._overwritten[idx] for idx in blocks))
-        update = _Update(self.scope if inputs is None else inputs, self.scope, overwritten, self._gradients,
+        update = _Update(self.scope if inputs is None else inputs, self.scope, overwritten, self._unchecked,
                          write_back_all=inputs is None)
         for idx in blocks:
             self._run_block(idx, update)
@@ -911,17 +917,18 @@ def _finite_flags(values: tuple[Any, ...]) -> Any:
 class _Update(Scope):
     """The scope of a checked update: reads fall through to the request's scope and the pserver's; the
     pserver's variables the blocks overwrite are read as copies (the executor donates what it
-    overwrites, and a refused update must leave the originals intact), gradients excepted; writes are
-    held here until ``commit``."""
+    overwrites, and a refused update must leave the originals intact); writes are held here until
+    ``commit``. The ``unchecked`` variables are neither copied nor checked: gradients (this step's
+    alone; the parameters they update are checked) and what selected rows update in place (tables)."""
 
-    def __init__(self, inputs: Scope, shared: Scope, overwritten: set[str], gradients: frozenset[str],
+    def __init__(self, inputs: Scope, shared: Scope, overwritten: set[str], unchecked: frozenset[str],
                  write_back_all: bool) -> None:
         super().__init__(inputs)
         self._shared = shared
         self._write_back_all = write_back_all
-        self._gradients = gradients
+        self._unchecked = unchecked
         self.written: dict[str, None] = {}
-        for name in sorted(overwritten - gradients):  # a gradient is this step's alone: nothing to keep
+        for name in sorted(overwritten - unchecked):
             value = shared.find_var(name)
             if value is not None:
                 super().set_var(name, _copy(value))
@@ -931,12 +938,12 @@ class _Update(Scope):
         self.written[name] = None
 
     def nonfinite(self) -> tuple[str, int] | None:
-        """The first written floating variable (a parameter, an accumulator, a learning rate; not a
-        gradient the blocks summed or scaled, which the step's parameter update reflects) holding NaN or
-        Inf and how many it holds, or None (one fused check over every such value)."""
+        """The first written floating variable (a parameter, an accumulator, a learning rate; not an
+        ``unchecked`` one) holding NaN or Inf and how many it holds, or None (one fused check over every
+        such value)."""
         names, values = [], []
         for name in self.written:
-            if name in self._gradients:
+            if name in self._unchecked:
                 continue
             value = self.find_var(name)
             arr = value.values if isinstance(value, SelectedRows) else value
