@@ -14,6 +14,14 @@ device a rank. Every value is a rank's own value ("per rank"):
   replicated (``P()``) and each device holds its own copy. Copies differ until a collective makes them
   equal (``c_broadcast`` at startup, ``c_allreduce_sum`` on gradients); ``shard_map`` runs with
   ``check_vma=False`` so JAX does not second-guess that.
+Ranks must run the same program: the rendezvous compares each trainer's fingerprint of the program that
+forms the group (the trainer startup program, whose ``gen_nccl_id`` joins it) with trainer 0's: every op's
+type, arguments, attributes and argument shapes, rank-specific attributes left out (``RANK_ATTRS``: the
+trainer id, endpoints, random seeds, which ``c_broadcast`` makes irrelevant). A difference (another learning
+rate, another layer size) fails every rank with an error naming the ranks and the first differing op,
+before any collective could hang or abort on mismatched shapes. Each later program's first collective run
+is checked the same way (``check_program``), through the group's key-value store.
+
 A process reads its own value of a global array with ``local_value`` (its first device's copy, or its
 batch rows; fetches of other values concatenate its devices' copies along dim 0, as Fluid's
 ParallelExecutor did).
@@ -24,11 +32,15 @@ bounded by ``FLAGS_collective_timeout_s`` (default 120 s, read when the group is
 """
 from __future__ import annotations
 
+import atexit
 import hmac
+import json
 import os
 import socket
 import struct
+import sys
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -43,8 +55,11 @@ AXIS = "dp"
 TIMEOUT_ENV = "FLAGS_collective_timeout_s"
 HEARTBEAT_ENV = "FLAGS_collective_heartbeat_s"
 TOKEN_ENV = "FLOTILLA_JOB_TOKEN"
-_MAGIC = b"FLTC"  # rendezvous messages: magic, rank, token digest
-_GO, _ABORT = b"G", b"A"
+_MAGIC = b"FLT2"  # rendezvous hello: magic, rank, token digest, program fingerprint (length-prefixed JSON)
+_GO, _ABORT, _MISMATCH = b"G", b"A", b"M"
+MAX_FINGERPRINT = 64 << 20  # bytes of a fingerprint a leader reads (a startup program is far smaller)
+RANK_ATTRS = frozenset({"trainer_id", "endpoint", "other_endpoints", "trainer_endpoints", "current_endpoint",
+                        "seed", "op_callstack", "op_role_var"})  # op_role_var names variables: see fingerprint
 
 
 class CollectiveError(ExecutionError):
@@ -66,6 +81,8 @@ class Group:
 
 
 _group: Group | None = None  # jax.distributed is process-global state; so is the group it forms
+_failed = False  # a collective step of the group failed (describe_failure): the group is broken for good
+EXIT_BROKEN_GROUP = 1
 
 
 def current_group() -> Group | None:
@@ -85,9 +102,10 @@ def _seconds(env: str, default: float) -> float:
     return value
 
 
-def join_group(trainer_id: int, endpoints: Sequence[str]) -> Group:
-    """Form the trainer group (once per process): rendezvous on ``endpoints[0]``, then
-    ``jax.distributed.initialize`` with trainer 0 as the coordinator, bound on that endpoint only.
+def join_group(trainer_id: int, endpoints: Sequence[str], program: Any = None) -> Group:
+    """Form the trainer group (once per process): rendezvous on ``endpoints[0]`` (checking that every
+    trainer runs the same ``program``, see the module docstring), then ``jax.distributed.initialize`` with
+    trainer 0 as the coordinator, bound on that endpoint only.
 
     Joining again with the same arguments returns the group; with others it raises."""
     global _group
@@ -113,7 +131,7 @@ def join_group(trainer_id: int, endpoints: Sequence[str]) -> Group:
     timeout = _seconds(TIMEOUT_ENV, 120.0)
     heartbeat = _seconds(HEARTBEAT_ENV, 30.0)
     token = os.environ.get(TOKEN_ENV, "")
-    _rendezvous(trainer_id, eps, timeout, token)
+    _rendezvous(trainer_id, eps, timeout, token, fingerprint(program) if program is not None else [])
     kwargs: dict[str, Any] = {}
     gpus = os.environ.get("FLAGS_selected_gpus", "").strip()
     if gpus and _has_gpu_platform():
@@ -123,7 +141,69 @@ def join_group(trainer_id: int, endpoints: Sequence[str]) -> Group:
                                initialization_timeout=max(1, int(timeout)),
                                heartbeat_timeout_seconds=max(1, int(heartbeat)), **kwargs)
     _group = Group(trainer_id, eps)
+    atexit.register(_exit_if_broken)  # runs before JAX's own exit handler, registered when JAX was imported
     return _group
+
+
+_checked: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # program -> version checked
+_programs_checked = 0  # programs checked so far: every rank checks its programs in the same order
+
+
+def check_program(program: Any) -> None:
+    """Before ``program``'s first collective run (and after any change to it): every rank publishes its
+    fingerprint in the group's key-value store and compares every rank's with trainer 0's; all ranks
+    fail alike (CollectiveError naming the ranks and the first differing op) if any differs. A wait
+    for a rank that does not publish is bounded by ``FLAGS_collective_timeout_s``."""
+    global _programs_checked
+    group = _group
+    version = getattr(program, "version", 0)
+    if group is None or group.nranks == 1 or _checked.get(program) == version:
+        return
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        return
+    mine = fingerprint(program)
+    text = json.dumps(mine)
+    key = f"flotilla/program/{_programs_checked}"
+    _programs_checked += 1
+    compared = json.dumps([[entry[k] for k in _COMPARED] for entry in mine])
+    digest = hmac.new(b"flotilla-program", compared.encode(), "sha256").hexdigest()
+    client.key_value_set(f"{key}/digest/{group.trainer_id}", digest)
+    client.key_value_set(f"{key}/fingerprint/{group.trainer_id}", text)
+    timeout_ms = int(_seconds(TIMEOUT_ENV, 120.0) * 1000)
+    digests = {}
+    for rank in range(group.nranks):
+        try:
+            digests[rank] = client.blocking_key_value_get(f"{key}/digest/{rank}", timeout_ms)
+        except Exception as e:  # noqa: BLE001 - the store says only that the wait failed
+            raise CollectiveError(f"trainer {rank} did not reach the first collective run of this program within "
+                                  f"{TIMEOUT_ENV}={timeout_ms / 1000:g} s ({str(e).splitlines()[0]})",
+                                  hint="every trainer must run the same programs in the same order") from None
+    differing = [r for r in range(1, group.nranks) if digests[r] != digests[0]]
+    if differing:
+        first = differing[0]
+        lead = mine if group.trainer_id == 0 else json.loads(client.blocking_key_value_get(
+            f"{key}/fingerprint/0", timeout_ms))
+        theirs = mine if group.trainer_id == first else json.loads(client.blocking_key_value_get(
+            f"{key}/fingerprint/{first}", timeout_ms))
+        difference = _first_difference(lead, theirs, first) or "an op"
+        # Every rank fails alike and the group is intact: JAX's shutdown barrier at exit passes, and the
+        # coordinator (trainer 0) keeps the store up until every rank has read what it needs.
+        raise CollectiveError(f"trainer(s) {differing} run a different program than trainer 0; trainer {first} "
+                              f"first differs at {difference}", hint=_MISMATCH_HINT)
+    _checked[program] = version
+
+
+def _exit_if_broken() -> None:
+    """At exit of a process whose group broke: end now, with status 1, instead of letting JAX shut the
+    group down (its shutdown barrier cannot pass without the lost peer, and it aborts the process with a
+    C++ stack trace below the Flotilla error already printed)."""
+    if _failed:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_BROKEN_GROUP)
 
 
 def _has_gpu_platform() -> bool:
@@ -135,21 +215,108 @@ def _digest(token: str) -> bytes:
     return hmac.new(token.encode(), b"flotilla-collective", "sha256").digest()
 
 
-def _rendezvous(trainer_id: int, eps: tuple[str, ...], timeout: float, token: str) -> None:
-    """Every trainer reports to trainer 0 on its endpoint; trainer 0 answers GO once all are in, or
+def fingerprint(program: Any) -> list[dict[str, Any]]:
+    """What must be equal on every rank of ``program``: per op (in block order) its block, type, arguments,
+    attributes (less ``RANK_ATTRS``) and the shape and dtype of each argument, as JSON-able values.
+    Variables are compared by structure, numbered in order of first use (``args``), so a rank whose
+    names are offset (it built another program first) still matches; ``names`` keeps them for messages."""
+    out = []
+    number: dict[str, str] = {}
+    for block in program.blocks:
+        for op in block.ops:
+            shapes: dict[str, Any] = {}
+            args: list[Any] = []
+            real: list[Any] = []
+            for slots in (op.inputs, op.outputs):
+                for slot, names in sorted(slots.items()):
+                    args.append([slot, [number.setdefault(n, f"v{len(number)}") for n in names]])
+                    real.append([slot, list(names)])
+                    for n in names:
+                        var = block.find_var_recursive(n)
+                        if var is not None:
+                            shapes[number[n]] = [list(var.shape), str(var.dtype)]
+            out.append({"block": block.idx, "type": op.type, "args": args, "shapes": shapes,
+                        "attrs": {k: _plain(v) for k, v in sorted(op.attrs.items()) if k not in RANK_ATTRS},
+                        "names": real})
+    return out
+
+
+_COMPARED = ("block", "type", "args", "shapes", "attrs")  # a fingerprint entry less its names
+
+
+def _same(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return all(a[k] == b[k] for k in _COMPARED)
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    idx = getattr(value, "idx", None)  # a block reference
+    return f"block {idx}" if isinstance(idx, int) else str(value)
+
+
+def _describe_op(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "no op there"
+    args = ", ".join(f"{slot}={names}" for slot, names in entry["names"])
+    return f"{entry['type']}({args})"
+
+
+def _first_difference(mine: list[dict[str, Any]], theirs: list[dict[str, Any]], rank: int) -> str | None:
+    """Where trainer ``rank``'s program fingerprint first differs from trainer 0's, in words; None if equal."""
+    for i in range(max(len(mine), len(theirs))):
+        a = mine[i] if i < len(mine) else None
+        b = theirs[i] if i < len(theirs) else None
+        if _same(a, b):
+            continue
+        some = a if a is not None else b
+        where = f"op {i} of block {some['block']} ({_describe_op(some)})"
+        if a is None or b is None or a["type"] != b["type"] or a["block"] != b["block"]:
+            return f"{where}: trainer 0 has {_describe_op(a)}, trainer {rank} {_describe_op(b)}"
+        diffs = [f"arguments {_describe_op(a)} on trainer 0, {_describe_op(b)} on trainer {rank}"] \
+            if a["args"] != b["args"] else []
+        diffs += [f"attribute {k!r} is {a['attrs'].get(k)!r} on trainer 0, {b['attrs'].get(k)!r} on trainer {rank}"
+                  for k in sorted(set(a["attrs"]) | set(b["attrs"])) if a["attrs"].get(k) != b["attrs"].get(k)]
+        real = {c: n for (_, cs), (_, ns) in zip(a["args"], a["names"]) for c, n in zip(cs, ns)}
+        diffs += [f"variable {real.get(c, c)!r} is {a['shapes'].get(c)} on trainer 0, {b['shapes'].get(c)} on "
+                  f"trainer {rank}" for c in sorted(set(a["shapes"]) | set(b["shapes"]))
+                  if a["shapes"].get(c) != b["shapes"].get(c)]
+        return f"{where}: " + "; ".join(diffs[:4])
+    return None
+
+
+def _rendezvous(trainer_id: int, eps: tuple[str, ...], timeout: float, token: str,
+                program: list[dict[str, Any]]) -> None:
+    """Every trainer reports to trainer 0 on its endpoint with its program fingerprint; trainer 0 answers
+    GO once all are in and run its program, MISMATCH naming the ranks and the first differing op, or
     ABORT naming the missing ones when ``timeout`` passes. The listener is closed before JAX binds the
     same endpoint for its coordinator."""
     host, port = parse_endpoint(eps[0], "trainer 0's endpoint")
     deadline = time.monotonic() + timeout
     digest = _digest(token)
     if trainer_id == 0:
-        _lead(host, port, len(eps), deadline, digest, eps)
+        _lead(host, port, len(eps), deadline, digest, eps, program)
     else:
-        _follow(host, port, trainer_id, deadline, digest, eps)
+        _follow(host, port, trainer_id, deadline, digest, eps, json.dumps(program).encode())
 
 
-def _lead(host: str, port: int, n: int, deadline: float, digest: bytes, eps: tuple[str, ...]) -> None:
+def _mismatch_message(differences: dict[int, str]) -> str:
+    ranks = sorted(differences)
+    first = ranks[0]
+    return (f"trainer(s) {ranks} run a different program than trainer 0 (the program forming the group); "
+            f"trainer {first} first differs at {differences[first]}")
+
+
+def _lead(host: str, port: int, n: int, deadline: float, digest: bytes, eps: tuple[str, ...],
+          program: list[dict[str, Any]]) -> None:
     peers: dict[int, socket.socket] = {}
+    differences: dict[int, str] = {}
     try:
         with socket.create_server((host, port), reuse_port=False) as server:
             server.settimeout(0.2)
@@ -160,21 +327,30 @@ def _lead(host: str, port: int, n: int, deadline: float, digest: bytes, eps: tup
                     continue
                 conn.settimeout(max(0.1, deadline - time.monotonic()))
                 try:
-                    msg = _recv_exact(conn, 4 + 4 + 32)
-                except OSError:
-                    conn.close()
-                    continue
-                rank = struct.unpack("!I", msg[4:8])[0]
-                if msg[:4] != _MAGIC or not 0 < rank < n or rank in peers or not hmac.compare_digest(msg[8:], digest):
+                    msg = _recv_exact(conn, 4 + 4 + 32 + 4)
+                    rank, size = struct.unpack("!I", msg[4:8])[0], struct.unpack("!I", msg[40:44])[0]
+                    if msg[:4] != _MAGIC or not 0 < rank < n or rank in peers or size > MAX_FINGERPRINT \
+                            or not hmac.compare_digest(msg[8:40], digest):
+                        raise ConnectionError("not one of ours")
+                    theirs = json.loads(_recv_exact(conn, size))
+                except (OSError, ValueError):
                     conn.close()  # not one of ours (or a wrong job token): ignore it
                     continue
                 peers[rank] = conn
+                difference = _first_difference(program, theirs, rank)
+                if difference is not None:
+                    differences[rank] = difference
             missing = [r for r in range(1, n) if r not in peers]
-            answer = _ABORT if missing else _GO
+            if missing:
+                answer = _ABORT + struct.pack("!I", len(missing)) + b"".join(struct.pack("!I", r) for r in missing)
+            elif differences:
+                text = _mismatch_message(differences).encode()
+                answer = _MISMATCH + struct.pack("!I", len(text)) + text
+            else:
+                answer = _GO + struct.pack("!I", 0)
             for conn in peers.values():
                 try:
-                    conn.sendall(answer + struct.pack("!I", len(missing)) + b"".join(struct.pack("!I", r)
-                                                                                      for r in missing))
+                    conn.sendall(answer)
                 except OSError:
                     pass
             for conn in peers.values():  # let the followers close first (no TIME_WAIT on our port)
@@ -194,9 +370,16 @@ def _lead(host: str, port: int, n: int, deadline: float, digest: bytes, eps: tup
                               f"within {TIMEOUT_ENV}={_seconds(TIMEOUT_ENV, 120.0):g} s",
                               hint="start every trainer (flotilla launch --nproc_per_node N does), with the same "
                                    "PADDLE_TRAINER_ENDPOINTS and job token")
+    if differences:
+        raise CollectiveError(_mismatch_message(differences), hint=_MISMATCH_HINT)
 
 
-def _follow(host: str, port: int, trainer_id: int, deadline: float, digest: bytes, eps: tuple[str, ...]) -> None:
+_MISMATCH_HINT = ("every trainer must build the same program (same layers, sizes and optimizer settings) and "
+                  "differ only in its trainer id; check the script's per-rank branches and arguments")
+
+
+def _follow(host: str, port: int, trainer_id: int, deadline: float, digest: bytes, eps: tuple[str, ...],
+            program: bytes) -> None:
     while True:
         try:
             conn = socket.create_connection((host, port), timeout=max(0.1, min(2.0, deadline - time.monotonic())))
@@ -211,9 +394,12 @@ def _follow(host: str, port: int, trainer_id: int, deadline: float, digest: byte
     with conn:
         conn.settimeout(max(0.1, deadline - time.monotonic()) + 5.0)
         try:
-            conn.sendall(_MAGIC + struct.pack("!I", trainer_id) + digest)
+            conn.sendall(_MAGIC + struct.pack("!I", trainer_id) + digest + struct.pack("!I", len(program)) + program)
             answer = _recv_exact(conn, 5)
             count = struct.unpack("!I", answer[1:5])[0]
+            if answer[:1] == _MISMATCH:
+                text = _recv_exact(conn, count).decode("utf-8", "replace")
+                raise CollectiveError(text, hint=_MISMATCH_HINT)
             missing = list(struct.unpack(f"!{count}I", _recv_exact(conn, 4 * count))) if count else []
         except OSError as e:
             raise CollectiveError(f"the rendezvous with trainer 0 ({eps[0]}) broke off: {e}",
@@ -334,7 +520,10 @@ def device_mesh() -> DataParallel:
 
 def describe_failure(error: BaseException) -> CollectiveError:
     """A collective step failed (a peer died or hung up): say which trainers are gone, when the group's
-    key-value store can tell within a couple of seconds (the survivors report in; the rest are gone)."""
+    key-value store can tell within a couple of seconds (the survivors report in; the rest are gone). The
+    group is broken from then on: the process exits with status 1 without shutting it down."""
+    global _failed
+    _failed = True
     missing = _missing_ranks()
     who = f"trainer(s) {missing} left the group" if missing else "a peer trainer left the group"
     size = f" of {_group.nranks} trainers" if _group is not None else ""
@@ -361,5 +550,5 @@ def _missing_ranks(wait_s: float = 2.0) -> list[int]:
     return [r for r in range(group.nranks) if r not in alive]
 
 
-__all__ = ["AXIS", "CollectiveError", "DataParallel", "Group", "current_group", "describe_failure", "device_mesh",
-           "join_group", "local_value", "process_mesh"]
+__all__ = ["AXIS", "CollectiveError", "DataParallel", "Group", "check_program", "current_group", "describe_failure",
+           "device_mesh", "join_group", "local_value", "process_mesh"]

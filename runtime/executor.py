@@ -229,6 +229,9 @@ class Executor:
         scope = _RunScope(scope, plan.persistable)
         for name, value in checked.items():
             scope.set_var(name, value)
+        if plan.collective_nranks:  # every rank must run this same program: checked once a version
+            from runtime.collective import check_program
+            check_program(program)
         try:
             self._execute(program, block, plan, scope, dp)
             plan.runs += 1

@@ -24,8 +24,11 @@ Trust (``rpc_security``):
                              Bearer <token>``) and a pserver that has one answers UNAUTHENTICATED to any
                              call without it, changing nothing. ``flotilla launch`` draws a random one per
                              job and hands it to every process; set it by hand (the same value everywhere)
-                             for a job started across machines. Unset on a pserver: no check (as before
-                             this setting existed), so keep such a pserver on loopback or a private network.
+                             for a job started across machines. Unset on a pserver: no check, so a pserver
+                             without it (or mutual TLS) serves only a loopback endpoint, unless opted out.
+``FLOTILLA_INSECURE_PSERVER`` 1: a pserver without a token or mutual TLS serves a non-loopback endpoint
+                             anyway (it says so at start: anyone who reaches the port can drive it); unset or 0:
+                             it refuses to start there.
 ``FLOTILLA_TLS_CERT``/``FLOTILLA_TLS_KEY``  PEM certificate chain and key of this process: a pserver serves
                              TLS with them; a trainer presents them as its client certificate.
 ``FLOTILLA_TLS_CA``          PEM CA bundle: a trainer verifies pservers against it (and then uses TLS); a
@@ -48,7 +51,8 @@ from ir.errors import FlotillaError
 DEFAULTS = {"FLAGS_rpc_deadline": 180_000, "FLAGS_rpc_retry_times": 3, "FLAGS_pserver_timeout_ms": 120_000,
             "FLAGS_communicator_max_staleness": 1, "FLAGS_rpc_wait_report_ms": 10_000}
 MINIMUMS = {"FLAGS_communicator_max_staleness": 0}  # every other integer flag is at least 1
-BOOL_DEFAULTS = {"FLAGS_pserver_allow_rejoin": True, "FLAGS_pserver_check_finite": True, "FLAGS_rpc_tune_malloc": True}
+BOOL_DEFAULTS = {"FLAGS_pserver_allow_rejoin": True, "FLAGS_pserver_check_finite": True, "FLAGS_rpc_tune_malloc": True,
+                 "FLOTILLA_INSECURE_PSERVER": False}
 
 TOKEN_ENV = "FLOTILLA_JOB_TOKEN"
 TLS_CERT_ENV = "FLOTILLA_TLS_CERT"
@@ -56,6 +60,7 @@ TLS_KEY_ENV = "FLOTILLA_TLS_KEY"
 TLS_CA_ENV = "FLOTILLA_TLS_CA"
 TLS_SERVER_NAME_ENV = "FLOTILLA_TLS_SERVER_NAME"
 CHECKPOINT_ROOT_ENV = "FLOTILLA_CHECKPOINT_ROOT"
+INSECURE_ENV = "FLOTILLA_INSECURE_PSERVER"
 
 
 class FlagError(FlotillaError):
@@ -97,18 +102,20 @@ class RPCSecurity:
     """How the processes of a job trust each other on the wire (see the module docstring).
 
     ``token`` None: no token is sent or checked. TLS is on for a server when ``cert`` and ``key`` are
-    given, for a client when ``ca`` is given. The PEM fields hold file contents (bytes), read once."""
+    given, for a client when ``ca`` is given. The PEM fields hold file contents (bytes), read once.
+    ``insecure`` is the explicit opt-out that lets a pserver without authentication serve beyond loopback."""
 
     token: str | None = None
     cert: bytes | None = None
     key: bytes | None = None
     ca: bytes | None = None
     server_name: str | None = None
+    insecure: bool = False
 
     def __repr__(self) -> str:  # never show the token or the key
         return (f"RPCSecurity(token={'set' if self.token else None}, cert={'set' if self.cert else None}, "
                 f"key={'set' if self.key else None}, ca={'set' if self.ca else None}, "
-                f"server_name={self.server_name!r})")
+                f"server_name={self.server_name!r}, insecure={self.insecure})")
 
     @property
     def server_tls(self) -> bool:
@@ -117,6 +124,12 @@ class RPCSecurity:
     @property
     def client_tls(self) -> bool:
         return self.ca is not None
+
+    @property
+    def authenticates_clients(self) -> bool:
+        """Whether a pserver with these settings knows its callers belong to the job: a token, or TLS
+        that requires client certificates."""
+        return self.token is not None or (self.server_tls and self.ca is not None)
 
 
 def _read_pem(env: Mapping[str, str], name: str) -> bytes | None:
@@ -145,7 +158,7 @@ def rpc_security(environ: Mapping[str, str] | None = None) -> RPCSecurity:
     if (cert is None) != (key is None):
         raise FlagError(f"only one of {TLS_CERT_ENV} and {TLS_KEY_ENV} is set", hint="set both, or neither")
     return RPCSecurity(token=token, cert=cert, key=key, ca=_read_pem(env, TLS_CA_ENV),
-                       server_name=env.get(TLS_SERVER_NAME_ENV) or None)
+                       server_name=env.get(TLS_SERVER_NAME_ENV) or None, insecure=bool_flag(INSECURE_ENV, env))
 
 
 def checkpoint_root(environ: Mapping[str, str] | None = None) -> str | None:

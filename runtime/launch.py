@@ -37,6 +37,8 @@ Invariants:
   The launcher signals only those groups, and only while it has not reaped the group leader (exits are
   observed with ``waitid(WNOWAIT)``, the leader is reaped last), so a group id can never have been
   reused by a process the launcher did not start.
+- Children die with the launcher (Linux): each gets SIGKILL when the launcher's main thread ends, even by
+  ``kill -9`` (``prctl(PR_SET_PDEATHSIG)``), so no pserver outlives its job serving a port.
 - Every wait is bounded: polling, the stop timeout, the grace between SIGTERM and SIGKILL, reader joins.
 - Ports are taken from the OS on 127.0.0.1 (or consecutive from ``--started_port``), checked by binding
   without SO_REUSEADDR; a port in use is a usage error naming it.
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ctypes
 import math
 import os
 import secrets
@@ -56,7 +59,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO, Mapping, NoReturn, Sequence
+from typing import IO, Callable, Mapping, NoReturn, Sequence
 
 from runtime.flags import TOKEN_ENV as JOB_TOKEN_ENV
 from runtime.role import (LaunchError, ROLE_ENV_VARS, format_endpoint, parse_endpoint, parse_endpoint_list)
@@ -389,6 +392,29 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 
 # --- running ---------------------------------------------------------------------------------------------
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when the process starting it dies (Linux
+    ``PR_SET_PDEATHSIG``; None elsewhere). The death signal follows the thread that forks: start children
+    from a thread that lives as long as the launcher (its main thread). libc is resolved here, before the
+    fork, so the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: nobody will signal this child
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
 
 
 class _Output:
@@ -537,6 +563,7 @@ class _Job:
 
     def start(self) -> None:
         command = [sys.executable, self.plan.script, *self.plan.script_args]
+        preexec = die_with_parent()
         for spec in self.plan.processes:  # pservers come first in the plan
             log = None
             if self.plan.log_dir is not None:
@@ -544,7 +571,8 @@ class _Job:
             try:
                 popen = subprocess.Popen(command, env=child_environ(os.environ, spec.env, self.token),
                                          stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=preexec)
             except OSError:
                 if log is not None:
                     log.close()

@@ -48,7 +48,7 @@ def gen_nccl_id(ctx: Any, op: Any) -> None:
     trainer_id = int(op.attr("trainer_id"))
     others = list(op.attr("other_endpoints"))
     endpoints = others[:trainer_id] + [op.attr("endpoint")] + others[trainer_id:]
-    join_group(trainer_id, endpoints)
+    join_group(trainer_id, endpoints, program=ctx.program)
 
 
 def _allreduce_dense(xs: list[Any], axis: str) -> list[Any]:

@@ -425,7 +425,8 @@ def listen_and_serv(ctx: Any, op: Operator) -> None:
     pserver = PServer(ctx.program, ctx.scope, op, run_block, save_persistables=save,
                       barrier_timeout=flag("FLAGS_pserver_timeout_ms") / 1000.0,
                       checkpoint_root=checkpoint_root(), allow_rejoin=bool_flag("FLAGS_pserver_allow_rejoin"),
-                      check_finite=bool_flag("FLAGS_pserver_check_finite"))
+                      check_finite=bool_flag("FLAGS_pserver_check_finite"),
+                      authenticated=security.authenticates_clients)
     endpoint = op.attr("endpoint")
     server = start_server(pserver, endpoint, max_message_bytes(ctx.program), security)
     mode = "sync" if pserver.config.sync_mode else "async"

@@ -23,7 +23,9 @@ only from the live incarnation of an announced id (FAILED_PRECONDITION otherwise
 forged request that does not know the incarnation can neither finish nor corrupt the job. Sequence
 numbers are per (incarnation, variable) and advance by one: a repeated or older seq is a retry
 (acknowledged, dropped); a jump is FAILED_PRECONDITION. A restarted trainer (same id, new incarnation)
-either rejoins (``allow_rejoin``, the default) or is refused with FAILED_PRECONDITION. A rejoining
+either rejoins (``allow_rejoin``, the default) or is refused with FAILED_PRECONDITION; it is refused too
+when the pserver is not ``authenticated`` (no job token, no mutual TLS): anyone reaching the port could
+claim a live trainer's id and then complete it. A rejoining
 trainer is admitted at the next step boundary: the step in progress completes without it (whatever its
 dead incarnation sent, every send that was acknowledged, is applied; if it had already sent gradients for
 the next step, it joins one step later so those are applied too), ``announce`` returns once the pserver
@@ -38,7 +40,14 @@ is the mean over the batches actually present, exactly as single-process trainin
 
 Non-finite gradients: with ``check_finite`` (the default) a floating gradient holding NaN or Inf is
 refused (INVALID_ARGUMENT naming the variable, the trainer and the step), nothing is stored or applied,
-and ``health()["rejected_nonfinite"]`` counts it.
+and ``health()["rejected_nonfinite"]`` counts it. Finite gradients can still overflow once summed or
+applied (two 3e38 sum to Inf), so the updated values are checked too, before they replace the old ones:
+the blocks run on copies of what they overwrite (the executor donates those buffers) and their results
+are committed only if every floating one is finite (one fused check). A sync step that fails it fails the
+pserver (every trainer is told the step and the variable; the parameters stay as before the step); an
+async send that fails it is refused (INVALID_ARGUMENT) and the pserver goes on. Tables updated by selected
+rows (and their accumulators) are left out: copying and scanning a whole table per update of a few rows
+would cost more than the update.
 
 Checkpoints: ``checkpoint(name)`` saves under ``checkpoint_root/name/pserver_<id>``; ``checkpoint_root``
 is the pserver's own configuration and ``name`` must be a relative path that stays under it (no ``..``,
@@ -79,6 +88,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ir.core import Operator, Program, Variable
@@ -96,6 +107,7 @@ class Status(enum.Enum):
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     NOT_FOUND = "NOT_FOUND"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
     ABORTED = "ABORTED"
     INTERNAL = "INTERNAL"
@@ -196,13 +208,14 @@ class PServer:
     def __init__(self, program: Program, scope: Scope, op: Operator, run_block: Callable[[int, Scope], None], *,
                  barrier_timeout: float = 120.0, save_persistables: Callable[[str], None] | None = None,
                  checkpoint_root: str | None = None, allow_rejoin: bool = True, check_finite: bool = True,
-                 log: Callable[[str], None] | None = None) -> None:
+                 authenticated: bool = False, log: Callable[[str], None] | None = None) -> None:
         self.program, self.scope, self.config = program, scope, ServeConfig.from_op(op)
         self._run_block = run_block
         self._save = save_persistables
         self.barrier_timeout = barrier_timeout
         self.checkpoint_root = checkpoint_root
         self.allow_rejoin = allow_rejoin
+        self.authenticated = authenticated
         self.check_finite = check_finite
         self._log = log or _log_stderr
         block = program.global_block()
@@ -235,6 +248,14 @@ class PServer:
             for bop in program.block(idx).ops:
                 for n in bop.output_arg_names:
                     self._writer_lock.setdefault(n, self._block_locks[idx])
+        # What each optimize block overwrites (reads, then writes): the executor donates those buffers, so a
+        # checked update runs on copies of them and commits only once its results are finite.
+        self._overwritten = {idx: _overwritten(program, idx) for idx in range(program.num_blocks)}
+        # Selected rows update a few rows of a table in place: a copy and a check of the whole table (and its
+        # accumulators) per update would cost more than the update, so those variables are left out.
+        self._unchecked = frozenset(self._received) | frozenset(self.config.grad_to_block) | frozenset(
+            n for g in self.config.sparse_grad_to_param if g in self.config.grad_to_block
+            for n in self._overwritten[self.config.grad_to_block[g]])
         self._cv = threading.Condition()
         self._live = set(range(self.config.trainers))
         self._trainers: dict[int, _Incarnation] = {}
@@ -322,6 +343,14 @@ class PServer:
                             f"{cur.incarnation:#x}), but this job forbids rejoining",
                             hint="restart the whole job from a checkpoint, or allow rejoin "
                                  "(FLAGS_pserver_allow_rejoin=1)")
+                    if not self.authenticated:
+                        raise PServerError(
+                            Status.FAILED_PRECONDITION,
+                            f"Announce of trainer {trainer_id} as incarnation {incarnation:#x}, but that trainer is "
+                            f"live as {cur.incarnation:#x}; this pserver authenticates nobody, so it cannot tell a "
+                            "restarted trainer from any process claiming its id, and refuses the second incarnation",
+                            hint="run the job with FLOTILLA_JOB_TOKEN (flotilla launch sets it) or mutual TLS to let "
+                                 "a restarted trainer rejoin; otherwise restart the whole job")
                     joins = self._sync.step + 1
                     mine = {n for n, v in self._received.items() if v.trainer_id == trainer_id}
                     if mine & self._fresh.get(joins, set()):
@@ -364,7 +393,7 @@ class PServer:
             for p in accepted:
                 self._trainers[p.trainer_id].seen_seq[p.name] = p.seq
         for p in accepted:
-            self._apply_async(p.trainer_id, p.name, p.value)
+            self._apply_async(p.trainer_id, p.name, p.value, p.step)
 
     def _prepare_send(self, msg: Decoded) -> "_Send":
         """Validate one received gradient (no state is read or changed): the value to store."""
@@ -429,10 +458,11 @@ class PServer:
         """The wire bytes of variable ``name`` (a parameter slice or any persistable of block 0)."""
         return self.get_many(trainer_id, [name])[0]
 
-    def get_many(self, trainer_id: int, names: list[str],
-                 encode: Callable[[str, Any], Any] = encode_variable) -> list[Any]:
+    def get_many(self, trainer_id: int, names: list[str], encode: Callable[[str, Any], Any] = encode_variable,
+                 max_bytes: int | None = None) -> list[Any]:
         """The wire bytes (``encode(name, value)``) of each variable of ``names``, in order; every name is
-        checked first."""
+        checked first, and with ``max_bytes`` the size of the reply too, before any value is encoded (a
+        small request must not make the pserver build a huge reply)."""
         self._check_trainer(trainer_id, f"get of {names[0]!r}" if len(names) == 1 else f"get of {len(names)} "
                             "variables")
         for name in names:
@@ -441,6 +471,13 @@ class PServer:
                 raise PServerError(Status.NOT_FOUND, f"get of {name!r}: this pserver holds no such variable",
                                    hint=suggest(name, known) or
                                    "fetch each parameter from the endpoint its recv op's epmap names")
+        if max_bytes is not None:
+            asked = sum(self._reply_bytes(name) for name in names)
+            if asked > max_bytes:
+                raise PServerError(Status.RESOURCE_EXHAUSTED,
+                                   f"get of {len(names)} variables asks for {asked} bytes, above this pserver's "
+                                   f"reply limit of {max_bytes} bytes (its largest message); nothing was built",
+                                   hint="fetch fewer variables per request (RPCClient streams large ones)")
         if self.config.sync_mode:
             # Nothing changes a parameter between a trainer's SEND barrier and its next one, so the
             # values are read under the state lock (never mid-optimize) and encoded outside it.
@@ -477,6 +514,14 @@ class PServer:
             changed[rows] = False
             values = gather_rows(self._value_of(table), rows)  # a copy: the next update donates the shard
         return SelectedRows(rows.astype(np.int64) * n + me, values, height)
+
+    def _reply_bytes(self, name: str) -> int:
+        """The bytes ``name``'s value takes on the wire (a geo-SGD update: at most its whole table)."""
+        var = self.program.global_block().var(self._geo_updates.get(name, name))
+        if var.type == "raw":
+            return 0
+        rows = max(var.shape[0], 1) * 8 if var.type == "selected_rows" or name in self._geo_updates else 0
+        return int(np.prod([max(d, 1) for d in var.shape], dtype=np.int64)) * np.dtype(var.dtype).itemsize + rows
 
     def _value_of(self, name: str) -> Any:
         value = self.scope.find_var(name)
@@ -657,12 +702,21 @@ class PServer:
             return
         self._average_over_senders(self._fresh.pop(st.step, set()))
         try:
-            for idx in self.config.optimize_blocks:
-                self._run_block(idx, self.scope)
+            update = self._update(self.config.optimize_blocks)
         except Exception as e:  # noqa: BLE001 - the pserver fails; every waiter learns why
             self.fail(PServerError(Status.INTERNAL, f"pserver {self.config.endpoint}: optimize blocks of step "
                                    f"{st.step} failed: {type(e).__name__}: {e}"))
             return
+        if update is not None:
+            bad = update.nonfinite()
+            if bad is not None:
+                self.rejected_nonfinite += 1
+                self.fail(PServerError(
+                    Status.ABORTED, f"pserver {self.config.endpoint}: step {st.step} refused: its update of "
+                    f"{bad[0]!r} holds {bad[1]} NaN or Inf value(s) although every gradient was finite (their "
+                    "sum or the optimizer overflowed); the parameters are unchanged", hint=_NONFINITE_HINT))
+                return
+            update.commit()
         self.steps_run += 1
         st.optimized = True
         st.started_at = time.monotonic()
@@ -693,7 +747,24 @@ class PServer:
         first gradient's."""
         return next(iter(self.config.grad_to_block.values()), -1)
 
-    def _apply_async(self, t: int, name: str, value: Any) -> None:
+    def _update(self, blocks: Any, inputs: Scope | None = None) -> "_Update | None":
+        """Run ``blocks`` on the pserver's scope, or on ``inputs`` (a child of it holding a request's own
+        values; then only the pserver's own variables are written back). With ``check_finite`` the results
+        are held back in the returned ``_Update`` (commit them once checked); without, they are written
+        at once and None is returned."""
+        if not self.check_finite:
+            scope = self.scope if inputs is None else _WriteThrough(inputs, self.scope)
+            for idx in blocks:
+                self._run_block(idx, scope)
+            return None
+        overwritten = set().union(*(self._overwritten[idx] for idx in blocks))
+        update = _Update(self.scope if inputs is None else inputs, self.scope, overwritten, self._unchecked,
+                         write_back_all=inputs is None)
+        for idx in blocks:
+            self._run_block(idx, update)
+        return update
+
+    def _apply_async(self, t: int, name: str, value: Any, step: int) -> None:
         idx = self._grad_block[name]
         with self._block_locks[idx]:
             if self.config.lr_block >= 0 and idx == self._lr_trigger:
@@ -704,9 +775,19 @@ class PServer:
             if self.config.dc_asgd:
                 scope.set_var(TRAINER_ID_VAR, np.array([t], np.int64))
             try:
-                self._run_block(idx, _WriteThrough(scope, self.scope))
+                update = self._update((idx,), scope)
             except Exception as e:  # noqa: BLE001 - reported to the sender
                 raise PServerError(Status.INTERNAL, f"applying {name!r} failed: {type(e).__name__}: {e}") from e
+            bad = update.nonfinite() if update is not None else None
+            if bad is not None:
+                with self._cv:
+                    self.rejected_nonfinite += 1
+                raise PServerError(Status.INVALID_ARGUMENT,
+                                   f"send of {name!r} from trainer {t} for step {step}: applying it makes "
+                                   f"{bad[0]!r} hold {bad[1]} NaN or Inf value(s) although the gradient is finite; "
+                                   "refused, the parameters are unchanged", hint=_NONFINITE_HINT)
+            if update is not None:
+                update.commit()
             if self._geo_changed and name in self._table_grads:
                 changed = self._geo_changed[self.config.sparse_grad_to_param[name]]
                 rows = np.asarray(value.rows)
@@ -804,6 +885,85 @@ def _scaled(value: Any, factor: float) -> Any:
         return SelectedRows(value.rows, values * values.dtype.type(factor), value.height)
     arr = np.asarray(value)
     return arr * arr.dtype.type(factor)
+
+
+_NONFINITE_HINT = ("lower the learning rate, clip gradients, or check the input data "
+                   "(FLAGS_pserver_check_finite=0 turns this check off)")
+
+
+def _overwritten(program: Program, idx: int) -> frozenset[str]:
+    """The variables block ``idx`` reads and then writes (a parameter, an accumulator, a counter)."""
+    reads: set[str] = set()
+    writes: set[str] = set()
+    for op in program.block(idx).ops:
+        reads.update(op.input_arg_names)
+        writes.update(op.output_arg_names)
+    return frozenset(reads & writes)
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, SelectedRows):
+        return SelectedRows(value.rows, _copy(value.values), value.height)
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    return jnp.array(value, copy=True)
+
+
+@jax.jit
+def _finite_flags(values: tuple[Any, ...]) -> Any:
+    return jnp.stack([jnp.isfinite(v).all() for v in values])
+
+
+class _Update(Scope):
+    """The scope of a checked update: reads fall through to the request's scope and the pserver's; the
+    pserver's variables the blocks overwrite are read as copies (the executor donates what it
+    overwrites, and a refused update must leave the originals intact); writes are held here until
+    ``commit``. The ``unchecked`` variables are neither copied nor checked: gradients (this step's
+    alone; the parameters they update are checked) and what selected rows update in place (tables)."""
+
+    def __init__(self, inputs: Scope, shared: Scope, overwritten: set[str], unchecked: frozenset[str],
+                 write_back_all: bool) -> None:
+        super().__init__(inputs)
+        self._shared = shared
+        self._write_back_all = write_back_all
+        self._unchecked = unchecked
+        self.written: dict[str, None] = {}
+        for name in sorted(overwritten - unchecked):
+            value = shared.find_var(name)
+            if value is not None:
+                super().set_var(name, _copy(value))
+
+    def set_var(self, name: str, value: Any) -> None:
+        super().set_var(name, value)
+        self.written[name] = None
+
+    def nonfinite(self) -> tuple[str, int] | None:
+        """The first written floating variable (a parameter, an accumulator, a learning rate; not an
+        ``unchecked`` one) holding NaN or Inf and how many it holds, or None (one fused check over every
+        such value)."""
+        names, values = [], []
+        for name in self.written:
+            if name in self._unchecked:
+                continue
+            value = self.find_var(name)
+            arr = value.values if isinstance(value, SelectedRows) else value
+            if getattr(arr, "dtype", None) is not None and jnp.issubdtype(arr.dtype, jnp.floating) and arr.size:
+                names.append(name)
+                values.append(arr)
+        if not values:
+            return None
+        flags = np.asarray(_finite_flags(tuple(values)))
+        if flags.all():
+            return None
+        first = int(np.flatnonzero(~flags)[0])
+        return names[first], _nonfinite_count(values[first])
+
+    def commit(self) -> None:
+        """Write the results to the pserver's scope: every one, or (a request's update) those of the
+        pserver's own variables, as ``_WriteThrough`` would have."""
+        for name in self.written:
+            if self._write_back_all or self._shared.find_var(name) is not None:
+                self._shared.set_var(name, self.find_var(name))
 
 
 class _WriteThrough(Scope):

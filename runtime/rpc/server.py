@@ -15,25 +15,32 @@ gets of every trainer, so blocking barriers cannot starve the calls that release
 
 Trust: with a job token (``RPCSecurity.token``) every call must carry ``authorization: Bearer <token>``
 metadata; anything else is answered UNAUTHENTICATED before the request is even decoded (constant-time
-compare; the token is never logged). Without a token nothing is checked, as before tokens existed. With
-a certificate and key the server speaks TLS only; given a CA too, it requires client certificates
-signed by it (mutual TLS).
+compare; the token is never logged). Without a token nothing is checked. With a certificate and key the
+server speaks TLS only; given a CA too, it requires client certificates signed by it (mutual TLS). A
+pserver that authenticates nobody (no token, no mutual TLS) can be driven by any process that reaches its
+port, so it serves only a loopback endpoint unless ``FLOTILLA_INSECURE_PSERVER=1`` opts out (and it then
+says so at start): ``check_exposure``.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import hmac
+import ipaddress
+import socket
+import sys
 from concurrent import futures
 from typing import Any, Callable, Iterator
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from runtime.flags import RPCSecurity
+from runtime.flags import INSECURE_ENV, TOKEN_ENV, FlagError, RPCSecurity
 from runtime.rpc import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
 from runtime.rpc.stream import ReceiveBuffers, encode_chunks
+from runtime.role import parse_endpoint
 from runtime.rpc.wire import WireError, decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
 from runtime.scope import ExecutionError
 
@@ -136,10 +143,17 @@ class ParameterServerService:
         req = _parse(pb.GetVariablesRequest, raw)
         if not req.names:
             raise WireError("GetVariables names no variable", hint="list the parameter blocks to fetch")
+        names = list(req.names)
+        if len(set(names)) != len(names):
+            twice = sorted(n for n, k in collections.Counter(names).items() if k > 1)
+            raise PServerError(Status.INVALID_ARGUMENT,
+                               f"GetVariables names {twice[:5]} more than once ({len(names)} names, "
+                               f"{len(set(names))} distinct); refused before building the reply",
+                               hint="name each variable once per request")
         # Sync mode: nothing changes a parameter before this trainer's FETCH barrier, so the batch is built
         # from views (one copy); async: each value is copied under its writer's lock (see PServer.get_many).
         encode = encode_parts if self.pserver.config.sync_mode else encode_variable
-        return encode_batch(self.pserver.get_many(req.trainer_id, list(req.names), encode))
+        return encode_batch(self.pserver.get_many(req.trainer_id, names, encode, max_bytes=self.max_message))
 
     def get_variable(self, raw: bytes) -> bytes:
         req = _parse(pb.VariableRequest, raw)
@@ -208,11 +222,51 @@ def server_credentials(security: RPCSecurity) -> grpc.ServerCredentials | None:
                                        require_client_auth=security.ca is not None)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an endpoint's host: a name, an IPv4 address or a bracketed IPv6 one) reaches
+    only this machine: every address it resolves to is a loopback address. A wildcard (0.0.0.0, [::])
+    listens on every interface and is not; neither is a name that does not resolve."""
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return False
+    addresses = {info[4][0].split("%", 1)[0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+
+
+def check_exposure(endpoint: str, security: RPCSecurity) -> str | None:
+    """Refuse (FlagError) to serve ``endpoint`` beyond loopback without authentication unless the user
+    opted out; returns the warning to log when they did (None otherwise)."""
+    if security.authenticates_clients:
+        return None
+    host, _ = parse_endpoint(endpoint, "the pserver's endpoint")
+    if is_loopback(host):
+        return None
+    if not security.insecure:
+        raise FlagError(f"pserver {endpoint}: {host} is reachable from other machines and this pserver authenticates "
+                        f"nobody: any process that reaches the port could send gradients, complete trainers and "
+                        "trigger checkpoints; refusing to start",
+                        hint=f"set {TOKEN_ENV} to the job's secret in every process (flotilla launch draws one), or "
+                             f"use mutual TLS (FLOTILLA_TLS_CERT, FLOTILLA_TLS_KEY, FLOTILLA_TLS_CA); to serve "
+                             f"unauthenticated anyway (a private network), set {INSECURE_ENV}=1")
+    return (f"pserver {endpoint}: WARNING: serving without authentication beyond loopback ({INSECURE_ENV}=1): "
+            "anyone who reaches this port can send gradients, complete trainers and trigger checkpoints")
+
+
 def start_server(pserver: PServer, endpoint: str, max_message: int,
                  security: RPCSecurity | None = None) -> grpc.Server:
     """Bind ``endpoint`` and start serving ``pserver``; raises ExecutionError if the port cannot be bound.
-    ``security`` (default: none) gives the job token and TLS settings."""
+    ``security`` (default: none) gives the job token and TLS settings; without authentication only a
+    loopback endpoint is served unless ``security.insecure`` (``check_exposure``)."""
     security = security or RPCSecurity()
+    warning = check_exposure(endpoint, security)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     malloc.tune()
     workers = 16 + 4 * pserver.config.trainers
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pserver"),

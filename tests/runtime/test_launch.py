@@ -438,6 +438,47 @@ def test_sigint_to_the_launcher_stops_the_job(tmp_path: pathlib.Path) -> None:
     assert "(stopped by the launcher)" in out
 
 
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie waiting for whoever adopted it to reap it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line.split()[1] for line in f)
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_children_die_with_a_killed_launcher(tmp_path: pathlib.Path) -> None:
+    log_dir = tmp_path / "logs"
+    proc = subprocess.Popen([*LAUNCHER, "--server_num", "1", "--worker_num", "1", "--log_dir", str(log_dir), JOB,
+                             "--pserver", "hang", "--trainer-sleep", "60"], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    pids: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 30
+        while len(pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            for name in ("serverlog.0", "workerlog.0"):
+                path = log_dir / name
+                match = re.search(r"^pid=(\d+)$", path.read_text() if path.exists() else "", re.M)
+                if match:
+                    pids[name] = int(match.group(1))
+            time.sleep(0.05)
+        assert len(pids) == 2, f"the job did not start in time: {pids}"
+        proc.kill()  # kill -9: the launcher cannot stop anything itself
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while not all(_dead(pid) for pid in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_dead(pid) for pid in pids.values()), f"children outlived the launcher: {pids}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        for pid in pids.values():
+            if not _dead(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_flotilla_launch_runs_a_collective_job() -> None:
     done = _run(["launch", "--nproc_per_node", "2", JOB], launcher=[sys.executable, "-m", "flotilla.cli"])
     assert done.returncode == 0, done.stdout + done.stderr

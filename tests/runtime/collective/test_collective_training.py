@@ -146,8 +146,9 @@ def test_a_trainer_that_dies_fails_the_other_naming_it(tmp_path: pathlib.Path, p
     code1, _ = procs.wait(p1)
     code0, text0 = procs.wait(p0, timeout=60)
     assert code1 == 3
-    assert code0 != 0
+    assert code0 == 1, text0[-3000:]  # the Flotilla error, then exit 1: no SIGABRT from JAX's shutdown
     assert "trainer(s) [1] left the group" in text0, text0[-3000:]
+    assert "Check failure stack trace" not in text0, text0[-3000:]
     assert time.monotonic() - start < 60
 
 
@@ -163,3 +164,66 @@ def test_a_trainer_that_never_comes_is_named(tmp_path: pathlib.Path, procs: Proc
     missing = endpoints.split(",")[2]
     for text in (text0, text1):
         assert f"trainer(s) [2] ({missing}) did not join the group" in text, text[-2000:]
+
+
+def test_ranks_running_different_programs_fail_naming_the_first_difference(tmp_path: pathlib.Path,
+                                                                          procs: Procs) -> None:
+    """Learning rate 0.1 on rank 0 and 0.2 on rank 1: both fail at group formation (no gloo abort, no
+    silently diverging replicas), naming the ranks and the learning rate's fill_constant."""
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    started = [procs.start(["--rank", str(r), "--endpoints", endpoints, "--out", str(tmp_path), "--configs",
+                            "sgd_allreduce", "--lr-factor", str(1 + r)]) for r in range(2)]
+    for code, out in [procs.wait(p) for p in started]:
+        assert code != 0 and "Traceback" not in out.split("[E650]")[-1], out
+        assert "[E650] trainer(s) [1] run a different program than trainer 0 (the program forming the group); " \
+               "trainer 1 first differs at op 1 of block 0 (fill_constant(Out=['learning_rate_0'])): attribute " \
+               "'value' is 0.1 on trainer 0, 0.2 on trainer 1" in out, out
+        assert "SIGABRT" not in out and "Fatal Python error" not in out
+    assert not list(tmp_path.glob("*.npz"))
+
+
+def test_ranks_whose_main_programs_differ_fail_at_their_first_run(tmp_path: pathlib.Path, procs: Procs) -> None:
+    """Momentum 0.9 on rank 0 and 0.8 on rank 1: the startup programs agree (the group forms), the main
+    programs do not; both fail before the first step, naming the momentum op, and exit 1 (no abort)."""
+    endpoints = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    started = [procs.start(["--rank", str(r), "--endpoints", endpoints, "--out", str(tmp_path), "--configs",
+                            "momentum_fused", "--momentum", str(0.9 - 0.1 * r)]) for r in range(2)]
+    for code, out in [procs.wait(p) for p in started]:
+        assert code == 1, out
+        assert "[E650] trainer(s) [1] run a different program than trainer 0; trainer 1 first differs at op " in out
+        assert "(momentum(Grad=['b0@GRAD']" in out and "attribute 'mu' is 0.9 on trainer 0, 0.8 on trainer 1" in out, out
+        assert "Check failure stack trace" not in out
+    assert not list(tmp_path.glob("*.npz"))
+
+
+def test_fingerprints_ignore_names_seeds_and_rank_attributes() -> None:
+    """A rank that built another program first (its variable names are offset), with its own random seed
+    and trainer id, runs the same program; a different layer size does not."""
+    from flotilla.fluid import layers, optimizer
+    from ir.core import Program, program_guard
+    from ir.names import unique_name
+    from runtime.collective import _first_difference, fingerprint
+    from transpiler import DistributeTranspiler, DistributeTranspilerConfig
+
+    def make(rank: int, offset: bool, size: int = 4) -> tuple[Program, Program]:
+        main, startup = Program(), Program()
+        main.random_seed = startup.random_seed = 10 + rank
+        with unique_name.guard():
+            if offset:
+                with program_guard(Program(), Program()):
+                    layers.fc(input=layers.data(name="z", shape=[3], dtype="float32"), size=2)
+            with program_guard(main, startup):
+                x = layers.data(name="x", shape=[6], dtype="float32")
+                loss = layers.mean(layers.fc(input=x, size=size))
+                optimizer.SGD(0.1).minimize(loss)
+        t = DistributeTranspiler(DistributeTranspilerConfig(mode="nccl2"))
+        t.transpile(rank, program=main, startup_program=startup, trainers="127.0.0.1:1,127.0.0.1:2")
+        return t.get_trainer_program(), t.get_trainer_startup_program()
+
+    (m0, s0), (m1, s1), (m2, s2) = make(0, False), make(1, True), make(1, False, size=5)
+    assert _first_difference(fingerprint(m0), fingerprint(m1), 1) is None
+    assert _first_difference(fingerprint(s0), fingerprint(s1), 1) is None
+    difference = _first_difference(fingerprint(s0), fingerprint(s2), 1)
+    assert difference == "op 2 of block 0 (fill_constant(Out=['fc_0.b_0'])): attribute 'shape' is [4] on trainer 0, " \
+                         "[5] on trainer 1; variable 'fc_0.b_0' is [[4], 'float32'] on trainer 0, [[5], 'float32'] on " \
+                         "trainer 1"

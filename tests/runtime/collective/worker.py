@@ -4,7 +4,8 @@ Joins the group from its role (``--rank``/``--endpoints``, or Paddle's environme
 sets it), then trains each configuration of ``CONFIGS`` named by ``--configs`` for ``STEPS`` steps on its
 shard (rows ``rank::nranks``) of every batch, one group for all of them, and saves each configuration's
 parameters to ``DIR/<config>.rank<r>.npz``. ``--die-at-step K`` makes it exit abruptly (status 3) before
-step K of the first configuration, as a crashed trainer would. ``--devices`` (with
+step K of the first configuration, as a crashed trainer would. ``--lr-factor F`` scales the learning
+rate and ``--momentum MU`` sets Momentum's (0.9) (a rank given another value runs another program). ``--devices`` (with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, one process) trains through
 ``CompiledProgram.with_data_parallel`` instead.
 """
@@ -38,7 +39,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def build(opt: str, seed: int) -> tuple[Program, Program, Any]:
+def build(opt: str, seed: int, lr_factor: float = 1.0, mu: float = 0.9) -> tuple[Program, Program, Any]:
     main, startup = Program(), Program()
     main.random_seed = startup.random_seed = seed
     with unique_name.guard(), program_guard(main, startup):
@@ -52,8 +53,8 @@ def build(opt: str, seed: int) -> tuple[Program, Program, Any]:
         h = layers.fc(input=x, size=12, act="relu", param_attr=ParamAttr(name="w0"), bias_attr=ParamAttr(name="b0"))
         pred = layers.fc(input=h, size=1, param_attr=ParamAttr(name="w1"), bias_attr=ParamAttr(name="b1"))
         loss = layers.mean(layers.square_error_cost(input=pred, label=y))
-        {"sgd": lambda: optimizer.SGD(0.1), "momentum": lambda: optimizer.Momentum(0.1, 0.9),
-         "adam": lambda: optimizer.Adam(0.05)}[opt]().minimize(loss)
+        {"sgd": lambda: optimizer.SGD(0.1 * lr_factor), "momentum": lambda: optimizer.Momentum(0.1 * lr_factor, mu),
+         "adam": lambda: optimizer.Adam(0.05 * lr_factor)}[opt]().minimize(loss)
     return main, startup, loss
 
 
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--die-at-step", type=int, default=None)
     ap.add_argument("--die-rank", type=int, default=None, help="only this rank dies (default: every rank given)")
     ap.add_argument("--devices", action="store_true")
+    ap.add_argument("--lr-factor", type=float, default=1.0)
+    ap.add_argument("--momentum", type=float, default=0.9)
     args = ap.parse_args(argv)
     if args.devices:
         for name in args.configs.split(","):
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     nranks = len(endpoints.split(","))
     for i, name in enumerate(args.configs.split(",")):
         opt, fields = CONFIGS[name]
-        main_p, startup, loss = build(opt, seed=100 + rank)  # every rank its own seed: broadcast must fix it
+        # every rank its own seed: broadcast must fix it
+        main_p, startup, loss = build(opt, seed=100 + rank, lr_factor=args.lr_factor, mu=args.momentum)
         config = DistributeTranspilerConfig(**{"mode": "nccl2", **fields})
         t = DistributeTranspiler(config)
         t.transpile(rank, program=main_p, startup_program=startup, trainers=endpoints)

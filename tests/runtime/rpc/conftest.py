@@ -232,6 +232,8 @@ def build_pserver(sync: bool, *, barrier_timeout: float = 30.0, serve: bool = Fa
 
         io.save_checkpoint_part(exe, path, program, vars=io.pserver_checkpoint_vars(program), scope=scope)
 
+    # Driven directly, only the test talks to it; served, it trusts a restarted trainer as its server does.
+    pserver_kw.setdefault("authenticated", not serve or (security is not None and security.authenticates_clients))
     pserver = PServer(program, scope, listen_op(program), run_block, barrier_timeout=barrier_timeout,
                       save_persistables=save, checkpoint_root=checkpoint_root, **pserver_kw)
     if announce:

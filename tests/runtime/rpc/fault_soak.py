@@ -67,11 +67,11 @@ def _params_match(out: pathlib.Path, steps: int, present: Callable[[int, int], b
 
 def one_run(fault: str, rng: random.Random, out: pathlib.Path, steps: int, timeout: float) -> tuple[str, str]:
     """Inject ``fault`` into a fresh 2 x 2 job; (outcome, detail)."""
-    from tests.runtime.rpc.test_ps_training import Cluster, _forge
+    from tests.runtime.rpc.test_ps_training import AUTHENTICATED, Cluster, _forge
 
     victim = rng.randrange(2)
     at = rng.randrange(2, steps - 3)
-    env = {"FLAGS_pserver_timeout_ms": "5000", "FLAGS_rpc_deadline": "20000"}
+    env = {"FLAGS_pserver_timeout_ms": "5000", "FLAGS_rpc_deadline": "20000", **AUTHENTICATED}  # restarts rejoin
     trainer_args: dict[int, list[str]] = {}
     if fault == "restart-trainer":
         trainer_args[victim] = ["--die-at", str(at)]

@@ -32,7 +32,7 @@ def _client(h: PSHandle, calls: list[str] | None = None) -> RPCClient:
 @pytest.mark.parametrize("staleness", [0, 1, 2])
 def test_a_pull_lags_the_trainers_own_sends_by_at_most_the_staleness(
         staleness: int, make_pserver: Callable[..., PSHandle]) -> None:
-    h = make_pserver(False, serve=True)
+    h = make_pserver(False, serve=True, announce=False)  # the client announces itself
     init = h.params()["fc_b"].copy()
     client = _client(h)
     try:
@@ -55,7 +55,7 @@ def test_a_pull_lags_the_trainers_own_sends_by_at_most_the_staleness(
 
 
 def test_a_steps_sends_are_one_request_per_pserver(make_pserver: Callable[..., PSHandle]) -> None:
-    h = make_pserver(False, serve=True)
+    h = make_pserver(False, serve=True, announce=False)  # the client announces itself
     calls: list[str] = []
     client = _client(h, calls)
     try:
@@ -71,7 +71,7 @@ def test_a_steps_sends_are_one_request_per_pserver(make_pserver: Callable[..., P
 
 
 def test_a_refused_send_is_reported_by_a_later_pull(make_pserver: Callable[..., PSHandle]) -> None:
-    h = make_pserver(False, serve=True)
+    h = make_pserver(False, serve=True, announce=False)  # the client announces itself
     before = h.params()["fc_b"].tobytes()
     client = _client(h)
     try:

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from tests.runtime.rpc import ps_worker
-from tests.runtime.rpc.test_ps_training import (Cluster, clusters, gather_table, local_reference,  # noqa: F401
-                                                run_ok, trained)
+from tests.runtime.rpc.test_ps_training import (AUTHENTICATED, Cluster, clusters,  # noqa: F401
+                                                gather_table, local_reference, run_ok, trained)
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
 
 
@@ -95,7 +95,7 @@ def test_a_restarted_geo_trainer_takes_the_table_anew(tmp_path: pathlib.Path, cl
     import signal
 
     args = ["--model", "table", "--async", "--geo", "2", "--steps", "8"]
-    c = Cluster(tmp_path, 2, 2, args, trainer_args={1: ["--die-at", "3"]})
+    c = Cluster(tmp_path, 2, 2, args, trainer_args={1: ["--die-at", "3"]}, env=AUTHENTICATED)
     clusters.append(c)
     assert c.procs["trainer.1"].wait(timeout=60) == -signal.SIGKILL, c.logs()
     c.restart_trainer(1, args)

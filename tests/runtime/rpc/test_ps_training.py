@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import secrets
 import signal
 import subprocess
 import sys
@@ -17,7 +18,6 @@ import time
 from typing import Any, Callable
 
 import grpc
-
 import numpy as np
 import pytest
 
@@ -26,6 +26,7 @@ from tests.runtime.rpc import ps_worker
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 WAIT = 90.0
+AUTHENTICATED = {"FLOTILLA_JOB_TOKEN": secrets.token_hex(16)}
 
 
 
@@ -247,7 +248,8 @@ def test_restarted_trainer_rejoins_and_nothing_is_lost(tmp_path: pathlib.Path, c
     admitted at step 4 (step 3 averages trainer 0 alone), its sends are applied from its first one, and
     the result is single-process training on exactly the batches that were sent."""
     steps = 10
-    c = Cluster(tmp_path, 2, 2, ["--steps", str(steps)], trainer_args={1: ["--die-at", "3"]})
+    c = Cluster(tmp_path, 2, 2, ["--steps", str(steps)], trainer_args={1: ["--die-at", "3"]},
+                env=AUTHENTICATED)  # only an authenticated pserver trusts a second incarnation
     clusters.append(c)
     assert c.procs["trainer.1"].wait(timeout=WAIT) == -signal.SIGKILL, c.logs()
     c.restart_trainer(1, ["--steps", str(steps), "--resume"])
