@@ -24,6 +24,7 @@ from ir.ops.registry import (
     VarInfo,
     VAR_TYPES,
     DTYPES,
+    attr_value_ok,
     check_attr_value,
     find_op_def,
     normalize_attr_value,
@@ -103,7 +104,7 @@ def _names(arg: Any) -> list[str]:
     if arg is None:
         return []
     if isinstance(arg, (list, tuple)):
-        return [_name_of(v) for v in arg]
+        return [v if type(v) is str else _name_of(v) for v in arg]
     return [_name_of(arg)]
 
 
@@ -418,14 +419,13 @@ class Block:
                     value = ad.default
                 else:
                     raise IRError(f"op {type!r} needs attribute {ad.name!r} ({ad.doc or ad.kind.value})")
-                problem = check_attr_value(ad.kind, value)
-                if problem:
-                    raise IRError(f"op {type!r} attribute {ad.name!r}: {problem}")
+                if not attr_value_ok(ad.kind, value):
+                    raise IRError(f"op {type!r} attribute {ad.name!r}: {check_attr_value(ad.kind, value)}")
                 full[ad.name] = normalize_attr_value(ad.kind, value)
             if at:
                 bad = next(iter(at))
                 raise IRError(f"op {type!r} has no attribute {bad!r}", hint=suggest(bad, [a.name for a in op_def.attrs]))
-            at = dict(sorted(full.items()))
+            at = {name: full[name] for name in op_def._sorted_attr_names}  # stored sorted by name
         elif check:
             from ir.ops.registry import get_op_def
 

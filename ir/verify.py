@@ -40,7 +40,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ir.core import Block, Operator, Parameter, Program, Variable, block_refs, infer_op
 from ir.errors import FlotillaError, RegistryError, VerifyError
-from ir.ops.registry import AttrKind, BlockRef, OpDef, check_attr_value, find_op_def, get_op_def, suggest
+from ir.ops.registry import (AttrKind, BlockRef, OpDef, attr_value_ok, check_attr_value, find_op_def, get_op_def,
+                              suggest)
 from ir.printer import format_op, format_var
 from ir.program_set import ProgramSet
 from ir.roles import ALL_ROLE_BITS, OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, is_valid_role, role_name
@@ -120,6 +121,19 @@ def _shapes_agree(declared: Sequence[int], inferred: Sequence[int]) -> bool:
     return all(a == b or a < 0 or b < 0 for a, b in zip(declared, inferred))
 
 
+def _where(pos: int, i: int, op: Operator) -> str:
+    return f"block {pos}/op {i} ({op.type})"
+
+
+def _find(chain: Sequence[Mapping[str, Variable]], name: str) -> Variable | None:
+    """The variable ``name`` in the first of ``chain`` (a block's variables, then its ancestors') declaring it."""
+    for declared in chain:
+        var = declared.get(name)
+        if var is not None:
+            return var
+    return None
+
+
 def _receives_inputs(op_def: OpDef | None) -> bool:
     """A server op (rpc trait and block attributes, i.e. ``listen_and_serv``) is given its inputs by
     the trainers over the network rather than by an earlier op."""
@@ -187,10 +201,17 @@ class _ProgramChecker:
         block = self.blocks[pos]
         written: set[str] = set()
         reported: set[str] = set()
+        chain = [self.blocks[p]._vars for p in self.chains[pos]]
         for i, op in enumerate(block.ops):
-            where = f"block {pos}/op {i} ({op.type})"
-            loc = {"block": pos, "op": i}
             op_def = find_op_def(op.type)
+            if op_def is not None and self._clean(op, op_def, pos, chain, written, reported):
+                for names in op._outputs.values():
+                    written.update(names)
+                if self.structure_ok[pos]:
+                    self._check_shapes(op, pos, i, chain)
+                continue
+            where = _where(pos, i, op)
+            loc = {"block": pos, "op": i}
             well_formed = True
             if op_def is None:
                 well_formed = False
@@ -207,7 +228,59 @@ class _ProgramChecker:
             self._check_roles(op, pos, where, loc)
             declared = self._check_vars(op, op_def, pos, where, loc, written, reported)
             if op_def is not None and well_formed and declared and self.structure_ok[pos]:
-                self._check_shapes(op, pos, where, loc)
+                self._check_shapes(op, pos, i, chain)
+
+    def _clean(self, op: Operator, op_def: OpDef, pos: int, chain: list[Mapping[str, Variable]],
+               written: set[str], reported: set[str]) -> bool:
+        """True only when the slot, attribute, block reference, role and variable checks find nothing
+        wrong with ``op`` (and leave ``reported`` as it is): the common case, decided without building
+        any message. False sends the op through those checks, which say what is wrong."""
+        ins, outs, attrs = op._inputs, op._outputs, op._attrs
+        for given, slots, known in ((ins, op_def.inputs, op_def._input_names),
+                                    (outs, op_def.outputs, op_def._output_names)):
+            for slot_name in given:
+                if slot_name not in known:
+                    return False
+            for slot in slots:
+                names = given.get(slot.name)
+                if not names:
+                    if not slot.dispensable:
+                        return False
+                elif not slot.duplicable and len(names) != 1:
+                    return False
+        if attrs.keys() != op_def._attr_map.keys():
+            return False
+        for ad in op_def.attrs:
+            if not attr_value_ok(ad.kind, attrs[ad.name]):
+                return False
+        # A well-formed op holds block references only in its block-kind attributes.
+        for name in op_def._block_attrs:
+            for ref in block_refs(attrs[name]):
+                if not isinstance(ref, int) or not 0 < ref < len(self.blocks) or ref == pos \
+                        or pos not in self.chains[ref]:
+                    return False
+        role = attrs.get(OP_ROLE_ATTR)
+        if isinstance(role, int) and not is_valid_role(role):
+            return False
+        role_var = attrs.get(OP_ROLE_VAR_ATTR)
+        if isinstance(role_var, (list, tuple)) and (
+                len(role_var) % 2 or any(isinstance(n, str) and _find(chain, n) is None for n in role_var)):
+            return False
+        received = _receives_inputs(op_def)
+        own = chain[0]
+        for names in ins.values():
+            for name in names:
+                var = own.get(name)
+                if var is None:
+                    if _find(chain, name) is None:
+                        return False
+                elif not (received or var.persistable or var.is_data or name in written or name in reported):
+                    return False
+        for names in outs.values():
+            for name in names:
+                if name != EMPTY_VAR_NAME and own.get(name) is None and _find(chain, name) is None:
+                    return False
+        return True
 
     def _check_slots(self, op: Operator, op_def: OpDef, where: str, loc: Mapping[str, int]) -> bool:
         ok = True
@@ -331,27 +404,29 @@ class _ProgramChecker:
             written.update(names)
         return all_declared
 
-    def _check_shapes(self, op: Operator, pos: int, where: str, loc: Mapping[str, int]) -> None:
+    def _check_shapes(self, op: Operator, pos: int, i: int, chain: list[Mapping[str, Variable]]) -> None:
         try:
             results = infer_op(op)
         except FlotillaError as err:
-            self._add(Code.INFER_FAILED, where, f"shape inference failing: {err.message}",
-                      "inputs that the op's shape inference accepts", err.hint, **loc)
+            self._add(Code.INFER_FAILED, _where(pos, i, op), f"shape inference failing: {err.message}",
+                      "inputs that the op's shape inference accepts", err.hint, block=pos, op=i)
             return
         # Inference functions are per-op code; a bug in one must become a report naming the op,
         # not a crash of the verifier.
         except Exception as err:  # noqa: BLE001
-            self._add(Code.INFER_FAILED, where, f"shape inference raising {type(err).__name__}: {err}",
+            self._add(Code.INFER_FAILED, _where(pos, i, op), f"shape inference raising {type(err).__name__}: {err}",
                       "inputs that the op's shape inference accepts", "this is likely a bug in the op's "
-                      "shape inference in ir/ops", **loc)
+                      "shape inference in ir/ops", block=pos, op=i)
             return
         if not results:
             return
+        outputs = op._outputs
         for slot, infos in results.items():
-            for name, info in zip(op.outputs.get(slot, ()), infos):
-                var, _ = self._lookup(pos, name)
-                if var is None:
+            for name, info in zip(outputs.get(slot, ()), infos):
+                var = _find(chain, name)
+                if var is None or (var.shape == info.shape and var.dtype == info.dtype and var.type == info.type):
                     continue
+                where, loc = _where(pos, i, op), {"block": pos, "op": i}
                 if not _shapes_agree(var.shape, info.shape):
                     self._add(Code.SHAPE_MISMATCH, where,
                               f"output {slot}={name!r} declared with shape {_fmt_shape(var.shape)}",

@@ -231,9 +231,24 @@ class OpDef:
     doc: str = ""
     forward_type: str | None = None  # set on generated grad ops
     _attr_map: dict[str, AttrDef] = field(default_factory=dict, compare=False, repr=False)
+    # Derived once from the fields above, for the checks every op construction and verification
+    # repeats (hundreds of thousands of times for a large program): the attribute names in sorted
+    # (stored) order, the input and output slot names, and the attributes that hold block references.
+    _sorted_attr_names: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
+    _input_names: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
+    _output_names: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
+    _block_attrs: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._attr_map.update({a.name: a for a in self.attrs})
+        derived = {
+            "_sorted_attr_names": tuple(sorted(self._attr_map)),
+            "_input_names": frozenset(s.name for s in self.inputs),
+            "_output_names": frozenset(s.name for s in self.outputs),
+            "_block_attrs": tuple(a.name for a in self.attrs if a.kind in (AttrKind.BLOCK, AttrKind.BLOCKS)),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def input_slot(self, name: str) -> Slot | None:
         return next((s for s in self.inputs if s.name == name), None)
@@ -422,6 +437,8 @@ def suggest(name: str, candidates: Iterable[str]) -> str | None:
 
 def check_attr_value(kind: AttrKind, value: Any) -> str | None:
     """None if ``value`` is a valid value of ``kind``, else what is wrong with it."""
+    if _FAST_OK[kind](value):
+        return None
     element = _ELEMENT.get(kind)
     if element is not None:
         if not isinstance(value, (list, tuple)):
@@ -434,6 +451,13 @@ def check_attr_value(kind: AttrKind, value: Any) -> str | None:
     return None if _SCALAR_OK[kind](value) else f"expected {kind.value}, got {type(value).__name__} {value!r}"
 
 
+def attr_value_ok(kind: AttrKind, value: Any) -> bool:
+    """``check_attr_value(kind, value) is None``, without building a message."""
+    return _FAST_OK[kind](value) or check_attr_value(kind, value) is None
+
+
+_INT_RANGE = (-(2**63), 2**63)
+
 _SCALAR_OK: dict[AttrKind, Callable[[Any], bool]] = {
     AttrKind.BOOL: lambda v: isinstance(v, bool),
     AttrKind.INT: lambda v: isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63,
@@ -441,6 +465,45 @@ _SCALAR_OK: dict[AttrKind, Callable[[Any], bool]] = {
     AttrKind.STRING: lambda v: isinstance(v, str),
     AttrKind.BLOCK: lambda v: isinstance(v, BlockRef),
 }
+
+
+def _fast_checks() -> dict[AttrKind, Callable[[Any], bool]]:
+    """Per kind, a test by exact type that accepts the common valid values (``int``, ``float``, ``str``,
+    ``bool``, ``BlockRef`` and lists or tuples of them) and only valid ones; what it does not accept
+    goes to the full check, which says what is wrong. (Subclasses such as ``IntEnum`` take that path.)"""
+    lo, hi = _INT_RANGE
+    exact = {AttrKind.BOOL: frozenset({bool}), AttrKind.FLOAT: frozenset({int, float}),
+             AttrKind.STRING: frozenset({str}), AttrKind.BLOCK: frozenset({BlockRef})}
+
+    def scalar(types: frozenset[type]) -> Callable[[Any], bool]:
+        return lambda v: type(v) in types
+
+    def listed(types: frozenset[type]) -> Callable[[Any], bool]:
+        def ok(value: Any) -> bool:
+            if type(value) is not list and type(value) is not tuple:
+                return False
+            for v in value:
+                if type(v) not in types:
+                    return False
+            return True
+        return ok
+
+    def ints(value: Any) -> bool:
+        if type(value) is not list and type(value) is not tuple:
+            return False
+        for v in value:
+            if type(v) is not int or not lo <= v < hi:
+                return False
+        return True
+
+    checks: dict[AttrKind, Callable[[Any], bool]] = {kind: scalar(types) for kind, types in exact.items()}
+    checks[AttrKind.INT] = lambda v: type(v) is int and lo <= v < hi
+    checks.update({kind: listed(exact[element]) for kind, element in _ELEMENT.items() if element in exact})
+    checks[AttrKind.INTS] = ints
+    return checks
+
+
+_FAST_OK = _fast_checks()
 
 
 def normalize_attr_value(kind: AttrKind, value: Any) -> Any:
