@@ -3,7 +3,9 @@
 Invariants:
 - Variables are frozen values; a Block replaces them (``replace_var``) rather than editing them.
 - Operators and Blocks change only through their methods, and every change bumps the owning
-  Program's ``version`` (analyses cache on it).
+  Program's ``version`` (analyses cache on it). Each op also records the version of its own last
+  change, and the program the version at which each variable name was last declared, replaced or
+  removed, so that a verifier that has seen the program before re-checks only what changed since.
 - Ops name variables through slots (slot → list of names); ops of registered types have their slots
   in schema order and every declared attribute present (defaults filled in), so printing is canonical.
 - Nothing here parses names: relations such as "slice of" or "trainer copy of" are fields.
@@ -111,7 +113,7 @@ def _names(arg: Any) -> list[str]:
 class Operator:
     """One op: ``type``, slot → variable names for inputs and outputs, and typed ``attrs``."""
 
-    __slots__ = ("block", "type", "_inputs", "_outputs", "_attrs")
+    __slots__ = ("block", "type", "_inputs", "_outputs", "_attrs", "_changed_at")
 
     def __init__(self, block: "Block", type: str, inputs: dict[str, list[str]],
                  outputs: dict[str, list[str]], attrs: dict[str, Any]) -> None:
@@ -120,6 +122,7 @@ class Operator:
         self._inputs = inputs
         self._outputs = outputs
         self._attrs = attrs
+        self._changed_at = block.program._version  # the program's version after this op's last change
 
     # --- reading
     @property
@@ -184,34 +187,43 @@ class Operator:
                 raise IRError(f"op {self.type!r} attribute {name!r}: {problem}")
             value = normalize_attr_value(ad.kind, value)
         self._attrs[name] = value
-        self.block._touch()
+        self._touch()
 
     def set_input(self, slot: str, names: Any) -> None:
         self._inputs[slot] = _names(names)
-        self.block._touch()
+        self._touch()
 
     def set_output(self, slot: str, names: Any) -> None:
         self._outputs[slot] = _names(names)
-        self.block._touch()
+        self._touch()
 
     def rename_input(self, old: str, new: str) -> None:
         for slot, names in self._inputs.items():
             self._inputs[slot] = [new if n == old else n for n in names]
-        self.block._touch()
+        self._touch()
 
     def rename_output(self, old: str, new: str) -> None:
         for slot, names in self._outputs.items():
             self._outputs[slot] = [new if n == old else n for n in names]
-        self.block._touch()
+        self._touch()
 
-    def _rename_many(self, mapping: Mapping[str, str]) -> None:
+    def _touch(self) -> None:
+        self.block._touch()
+        self._changed_at = self.block.program._version
+
+    def _rename_many(self, mapping: Mapping[str, str]) -> bool:
+        """Rename without touching (the calling Block method does); True when something was renamed."""
+        changed = False
         for table in (self._inputs, self._outputs):
             for slot, names in table.items():
                 if any(n in mapping for n in names):
                     table[slot] = [mapping.get(n, n) for n in names]
+                    changed = True
         rv = self._attrs.get(OP_ROLE_VAR_ATTR)
         if rv and any(n in mapping for n in rv):
             self._attrs[OP_ROLE_VAR_ATTR] = [mapping.get(n, n) for n in rv]
+            changed = True
+        return changed
 
     def to_string(self) -> str:
         from ir.printer import format_op
@@ -236,6 +248,18 @@ class Block:
     def _touch(self) -> None:
         self._ops_snapshot = None
         self.program._version += 1
+
+    def _touch_vars(self, names: Iterable[str]) -> None:
+        """``_touch``, recording that the variables ``names`` were declared, replaced or removed."""
+        self._touch()
+        self.program._note_var_changes(names)
+
+    def _touch_ops(self, ops: Iterable[Operator]) -> None:
+        """``_touch``, recording that ``ops`` changed."""
+        self._touch()
+        version = self.program._version
+        for op in ops:
+            op._changed_at = version
 
     # --- variables
     @property
@@ -288,7 +312,7 @@ class Block:
             raise IRError(f"block {self.idx} already has a variable named {var.name!r}",
                           hint="use replace_var to change it, or pick another name (ir.unique_name)")
         self._vars[var.name] = var
-        self._touch()
+        self._touch_vars((var.name,))
         return var
 
     def create_var(self, name: str | None = None, shape: Sequence[int] = (), dtype: str = "float32",
@@ -316,19 +340,19 @@ class Block:
         if new.name != name:
             raise IRError("replace_var cannot change a name", hint="use rename_var")
         self._vars[name] = new
-        self._touch()
+        self._touch_vars((name,))
         return new
 
     def set_var(self, var: Variable) -> Variable:
         """Put ``var`` in place of the variable of the same name, or add it."""
         self._vars[var.name] = var
-        self._touch()
+        self._touch_vars((var.name,))
         return var
 
     def remove_var(self, name: str) -> None:
         self.var(name)
         del self._vars[name]
-        self._touch()
+        self._touch_vars((name,))
 
     def rename_var(self, old: str, new: str) -> Variable:
         """Rename a variable of this block and every use of it in this block and its sub-blocks
@@ -347,12 +371,18 @@ class Block:
             return
         self._vars = {mapping.get(k, k): dataclasses.replace(v, name=mapping[k]) if k in mapping else v
                       for k, v in self._vars.items()}
+        self._touch_vars([*mapping, *mapping.values()])
+        self._touch_ops(self._rename_uses(mapping))
+
+    def _rename_uses(self, mapping: Mapping[str, str]) -> list[Operator]:
+        """Rename the uses of this block's variables in it and its sub-blocks (where a sub-block's own
+        variable of the same name does not shadow them); return the ops that changed."""
+        changed = []
         for block in self.program.blocks:
             if block is self or self._is_ancestor_of(block):
                 local = {o: n for o, n in mapping.items() if block is self or o not in block._vars}
-                for op in block._ops:
-                    op._rename_many(local)
-        self._touch()
+                changed += [op for op in block._ops if op._rename_many(local)]
+        return changed
 
     def reuse_vars(self, mapping: Mapping[str, str], shapes: Mapping[str, Sequence[int]] | None = None) -> None:
         """Memory reuse: make every use of each variable ``old`` of ``mapping`` (slots and ``op_role_var``, in
@@ -378,14 +408,11 @@ class Block:
             return
         for into, shape in shapes.items():
             self._vars[into] = dataclasses.replace(self._vars[into], shape=tuple(shape))
-        for block in self.program.blocks:
-            if block is self or self._is_ancestor_of(block):
-                local = {o: n for o, n in mapping.items() if block is self or o not in block._vars}
-                for op in block._ops:
-                    op._rename_many(local)
+        changed = self._rename_uses(mapping)
         for old in mapping:
             del self._vars[old]
-        self._touch()
+        self._touch_vars([*mapping, *shapes])
+        self._touch_ops(changed)
 
     def _is_ancestor_of(self, block: "Block") -> bool:
         p = block.parent
@@ -445,7 +472,7 @@ class Block:
             raise IRError(f"insert_op index {index} out of range for block {self.idx} with {len(self._ops)} ops")
         op = self._make_op(type, inputs, outputs, attrs, check=True)
         self._ops.insert(index, op)
-        self._touch()
+        self._touch_ops((op,))
         if infer_shape:
             try:
                 self.infer_op_shapes(op)
@@ -461,7 +488,7 @@ class Block:
         the verifier reports what is wrong with it)."""
         op = Operator(self, type, inputs, outputs, attrs)
         self._ops.append(op)
-        self._touch()
+        self._touch_ops((op,))
         return op
 
     def remove_op(self, index_or_op: int | Operator) -> None:
@@ -489,7 +516,7 @@ class Block:
                     continue
                 if (var.shape, var.dtype, var.type) != (info.shape, info.dtype, info.type):
                     owner._vars[name] = dataclasses.replace(var, shape=info.shape, dtype=info.dtype, type=info.type)
-                    owner._touch()
+                    owner._touch_vars((name,))
 
     def _owner_of(self, name: str) -> "Block | None":
         block: Block | None = self
@@ -553,10 +580,27 @@ class Program:
         self.superseded_by: str | None = None
         self._version = 0
         self._current_block_idx = 0
+        # variable name -> the version after its last change (in any block), oldest change first
+        self._var_changes: dict[str, int] = {}
 
     @property
     def version(self) -> int:
         return self._version
+
+    def _note_var_changes(self, names: Iterable[str]) -> None:
+        changes, version = self._var_changes, self._version
+        for name in names:
+            changes.pop(name, None)  # re-inserted last: the dict stays ordered by version
+            changes[name] = version
+
+    def _vars_changed_since(self, version: int) -> set[str]:
+        """The variable names declared, replaced or removed (in any block) after ``version``."""
+        changed = set()
+        for name, at in reversed(self._var_changes.items()):
+            if at <= version:
+                break
+            changed.add(name)
+        return changed
 
     def global_block(self) -> Block:
         return self.blocks[0]

@@ -142,13 +142,35 @@ def _receives_inputs(op_def: OpDef | None) -> bool:
     return any(a.kind in (AttrKind.BLOCK, AttrKind.BLOCKS) for a in op_def.attrs)
 
 
-class _ProgramChecker:
-    """Checks one program; problems accumulate in ``self.problems`` in block, then op, order."""
+# id(op) -> (op, the op's inputs whose read-before-write check depends on the ops before it), for every
+# op in which a check found nothing wrong.
+_CleanOps = dict[int, tuple[Operator, list[str]]]
 
-    def __init__(self, program: Program, role: str | None) -> None:
+
+@dataclass(frozen=True)
+class _Seen:
+    """What an earlier check of the same program (same blocks, same role) found clean, at ``version``."""
+
+    version: int
+    clean: _CleanOps
+
+
+class _ProgramChecker:
+    """Checks one program; problems accumulate in ``self.problems`` in block, then op, order.
+
+    Given ``seen`` (an earlier check of this program with the same block structure and role), an op
+    found clean then is not checked again when neither it (``Operator._changed_at``) nor any variable
+    it names (``Program._vars_changed_since``) changed since: each of its checks would give the same
+    answer, except read-before-write, which depends on the ops before it and is re-tested on the
+    inputs it applies to. The problems are those a check from scratch finds, in the same order."""
+
+    def __init__(self, program: Program, role: str | None, seen: _Seen | None = None) -> None:
         self.program = program
         self.prefix = f"{role}/" if role else ""
         self.problems: list[Problem] = []
+        self.seen = seen
+        self.changed: set[str] = program._vars_changed_since(seen.version) if seen is not None else set()
+        self.clean: _CleanOps = {}
         self.blocks: list[Block] = list(program.blocks)
         # chains[i]: block positions from block i up to the root, following valid parents only.
         self.chains: list[tuple[int, ...]] = []
@@ -202,13 +224,26 @@ class _ProgramChecker:
         written: set[str] = set()
         reported: set[str] = set()
         chain = [self.blocks[p]._vars for p in self.chains[pos]]
+        clean = self.clean
+        seen = self.seen.clean if self.seen is not None else None
         for i, op in enumerate(block.ops):
+            if seen is not None:
+                entry = seen.get(id(op))
+                if entry is not None and self._unchanged(op, entry, written, reported):
+                    for names in op._outputs.values():
+                        written.update(names)
+                    clean[id(op)] = entry
+                    continue
             op_def = find_op_def(op.type)
-            if op_def is not None and self._clean(op, op_def, pos, chain, written, reported):
+            rbw_inputs = self._clean(op, op_def, pos, chain, written, reported) if op_def is not None else None
+            if rbw_inputs is not None:
                 for names in op._outputs.values():
                     written.update(names)
+                found = len(self.problems)
                 if self.structure_ok[pos]:
                     self._check_shapes(op, pos, i, chain)
+                if len(self.problems) == found:
+                    clean[id(op)] = (op, rbw_inputs)
                 continue
             where = _where(pos, i, op)
             loc = {"block": pos, "op": i}
@@ -230,57 +265,80 @@ class _ProgramChecker:
             if op_def is not None and well_formed and declared and self.structure_ok[pos]:
                 self._check_shapes(op, pos, i, chain)
 
+    def _unchanged(self, op: Operator, entry: tuple[Operator, list[str]], written: set[str],
+                   reported: set[str]) -> bool:
+        """Whether ``op``, clean at the earlier check (``entry``), is clean now without checking it again."""
+        seen, changed = self.seen, self.changed
+        if entry[0] is not op or seen is None or op._changed_at > seen.version:
+            return False
+        if changed:
+            for table in (op._inputs, op._outputs):
+                for names in table.values():
+                    if not changed.isdisjoint(names):
+                        return False
+            if not changed.isdisjoint(op._attrs.get(OP_ROLE_VAR_ATTR, ())):
+                return False
+        for name in entry[1]:
+            if name not in written and name not in reported:
+                return False
+        return True
+
     def _clean(self, op: Operator, op_def: OpDef, pos: int, chain: list[Mapping[str, Variable]],
-               written: set[str], reported: set[str]) -> bool:
-        """True only when the slot, attribute, block reference, role and variable checks find nothing
-        wrong with ``op`` (and leave ``reported`` as it is): the common case, decided without building
-        any message. False sends the op through those checks, which say what is wrong."""
+               written: set[str], reported: set[str]) -> list[str] | None:
+        """The inputs of ``op`` that the read-before-write check applies to (declared in its block, not
+        persistable, not fed, not received), when the slot, attribute, block reference, role and
+        variable checks find nothing wrong with ``op`` (and leave ``reported`` as it is): the common
+        case, decided without building any message. None sends the op through those checks, which say
+        what is wrong."""
         ins, outs, attrs = op._inputs, op._outputs, op._attrs
         for given, slots, known in ((ins, op_def.inputs, op_def._input_names),
                                     (outs, op_def.outputs, op_def._output_names)):
             for slot_name in given:
                 if slot_name not in known:
-                    return False
+                    return None
             for slot in slots:
                 names = given.get(slot.name)
                 if not names:
                     if not slot.dispensable:
-                        return False
+                        return None
                 elif not slot.duplicable and len(names) != 1:
-                    return False
+                    return None
         if attrs.keys() != op_def._attr_map.keys():
-            return False
+            return None
         for ad in op_def.attrs:
             if not attr_value_ok(ad.kind, attrs[ad.name]):
-                return False
+                return None
         # A well-formed op holds block references only in its block-kind attributes.
         for name in op_def._block_attrs:
             for ref in block_refs(attrs[name]):
                 if not isinstance(ref, int) or not 0 < ref < len(self.blocks) or ref == pos \
                         or pos not in self.chains[ref]:
-                    return False
+                    return None
         role = attrs.get(OP_ROLE_ATTR)
         if isinstance(role, int) and not is_valid_role(role):
-            return False
+            return None
         role_var = attrs.get(OP_ROLE_VAR_ATTR)
         if isinstance(role_var, (list, tuple)) and (
                 len(role_var) % 2 or any(isinstance(n, str) and _find(chain, n) is None for n in role_var)):
-            return False
+            return None
         received = _receives_inputs(op_def)
         own = chain[0]
+        rbw_inputs = []
         for names in ins.values():
             for name in names:
                 var = own.get(name)
                 if var is None:
                     if _find(chain, name) is None:
-                        return False
-                elif not (received or var.persistable or var.is_data or name in written or name in reported):
-                    return False
+                        return None
+                elif not (received or var.persistable or var.is_data):
+                    if name not in written and name not in reported:
+                        return None
+                    rbw_inputs.append(name)
         for names in outs.values():
             for name in names:
                 if name != EMPTY_VAR_NAME and own.get(name) is None and _find(chain, name) is None:
-                    return False
-        return True
+                    return None
+        return rbw_inputs
 
     def _check_slots(self, op: Operator, op_def: OpDef, where: str, loc: Mapping[str, int]) -> bool:
         ok = True
@@ -454,26 +512,45 @@ def collect_problems(program: Program, *, role: str | None = None) -> list[Probl
     return _ProgramChecker(program, role).run()
 
 
-class VerifyCache:
-    """The problems of programs already verified, reused while a program is unchanged.
+@dataclass(frozen=True)
+class _Verified:
+    program: Program
+    structure: tuple[tuple[int, int, int], ...]
+    role: str | None
+    seen: _Seen
+    problems: list[Problem]
 
-    A pipeline re-verifies every program of its set after each pass, but a pass changes a few of them;
-    verifying an unchanged program again would find the same problems. ``Program.version`` grows on
-    every change made through the IR's methods (see ``ir.core``); the block list, which readers of the
-    text and protobuf forms build directly, is part of the key as well. Only for programs changed
-    through those methods (a pipeline of passes), not for tests that edit private fields."""
+
+class VerifyCache:
+    """The problems of programs already verified, reused while a program is unchanged, and what was
+    clean in them, re-checked only where it changed.
+
+    A pipeline re-verifies every program of its set after each pass, but a pass changes a few of them,
+    and those often only in part (a pass appends ops, renames some variables); checking what did not
+    change again would find the same problems. ``Program.version`` grows on every change made through
+    the IR's methods, each op records the version of its last change and the program the version of
+    each variable's (see ``ir.core``); the block list, which readers of the text and protobuf forms
+    build directly, is part of the key as well (a different one, or another role, means checking from
+    scratch). Only for programs changed through those methods (a pipeline of passes), not for tests
+    that edit private fields."""
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[Program, tuple[Any, ...], str | None, list[Problem]]] = {}
+        self._entries: dict[int, _Verified] = {}
 
     def problems(self, program: Program, *, role: str | None = None) -> list[Problem]:
-        """``collect_problems(program, role=role)``, from the cache when ``program`` is unchanged."""
-        key = (program.version, tuple((id(b), b.idx, b.parent_idx) for b in program.blocks))
+        """``collect_problems(program, role=role)``: from the cache when ``program`` is unchanged, checking
+        only what changed when it was verified before."""
+        structure = tuple((id(b), b.idx, b.parent_idx) for b in program.blocks)
         entry = self._entries.get(id(program))
-        if entry is not None and entry[0] is program and entry[1] == key and entry[2] == role:
-            return list(entry[3])
-        found = collect_problems(program, role=role)
-        self._entries[id(program)] = (program, key, role, list(found))
+        seen = None
+        if entry is not None and entry.program is program and entry.structure == structure and entry.role == role:
+            if entry.seen.version == program.version:
+                return list(entry.problems)
+            seen = entry.seen
+        version = program.version
+        checker = _ProgramChecker(program, role, seen)
+        found = checker.run()
+        self._entries[id(program)] = _Verified(program, structure, role, _Seen(version, checker.clean), list(found))
         return found
 
 
