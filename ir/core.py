@@ -57,7 +57,9 @@ class Variable:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise IRError(f"variable name must be a non-empty string, got {self.name!r}")
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        shape = self.shape
+        if type(shape) is not tuple or not all(type(d) is int for d in shape):
+            object.__setattr__(self, "shape", tuple(int(d) for d in shape))
         if self.dtype not in DTYPES:
             raise IRError(f"variable {self.name!r}: unknown dtype {self.dtype!r}", hint=suggest(self.dtype, DTYPES))
         if self.type not in VAR_TYPES:
@@ -68,7 +70,7 @@ class Variable:
         return False
 
     def replace(self, **changes: Any) -> "Variable":
-        return dataclasses.replace(self, **changes)
+        return _replaced(self, changes)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,24 @@ class Parameter(Variable):
     @property
     def is_parameter(self) -> bool:
         return True
+
+
+_FIELDS: dict[type, frozenset[str]] = {cls: frozenset(f.name for f in dataclasses.fields(cls))
+                                       for cls in (Variable, Parameter)}
+
+
+def _replaced(var: Variable, changes: Mapping[str, Any]) -> Variable:
+    """``dataclasses.replace(var, **changes)``, validated by ``__post_init__`` the same way, without the
+    generic field-by-field rebuild (passes replace tens of thousands of variables)."""
+    fields = _FIELDS.get(type(var))
+    if fields is None or not fields.issuperset(changes):
+        return dataclasses.replace(var, **changes)  # a subclass, or an unknown field (which it refuses)
+    new = object.__new__(type(var))
+    state = new.__dict__
+    state.update(var.__dict__)
+    state.update(changes)
+    new.__post_init__()
+    return new
 
 
 VarLike = "str | Variable"
@@ -291,12 +311,13 @@ class Block:
         v = self._vars.get(name)
         if v is not None or self.parent_idx < 0:
             return v
-        block = self.parent
-        while block is not None:
+        program, idx = self.program, self.parent_idx
+        while idx >= 0:
+            block = program.block(idx)
             v = block._vars.get(name)
             if v is not None:
                 return v
-            block = block.parent
+            idx = block.parent_idx
         return None
 
     def var_recursive(self, name: str) -> Variable:
@@ -336,7 +357,7 @@ class Block:
 
     def replace_var(self, name: str, **changes: Any) -> Variable:
         """Replace variable ``name`` by a copy with ``changes`` (its position is kept)."""
-        new = dataclasses.replace(self.var(name), **changes)
+        new = _replaced(self.var(name), changes)
         if new.name != name:
             raise IRError("replace_var cannot change a name", hint="use rename_var")
         self._vars[name] = new
@@ -369,7 +390,7 @@ class Block:
                 raise IRError(f"cannot rename {old!r} to {new!r}: block {self.idx} already has {new!r}")
         if not mapping:
             return
-        self._vars = {mapping.get(k, k): dataclasses.replace(v, name=mapping[k]) if k in mapping else v
+        self._vars = {mapping.get(k, k): _replaced(v, {"name": mapping[k]}) if k in mapping else v
                       for k, v in self._vars.items()}
         self._touch_vars([*mapping, *mapping.values()])
         self._touch_ops(self._rename_uses(mapping))
@@ -407,7 +428,7 @@ class Block:
         if not mapping and not shapes:
             return
         for into, shape in shapes.items():
-            self._vars[into] = dataclasses.replace(self._vars[into], shape=tuple(shape))
+            self._vars[into] = _replaced(self._vars[into], {"shape": tuple(shape)})
         changed = self._rename_uses(mapping)
         for old in mapping:
             del self._vars[old]
@@ -433,30 +454,35 @@ class Block:
                  attrs: Mapping[str, Any] | None, check: bool) -> Operator:
         ins = {slot: _names(v) for slot, v in (inputs or {}).items()}
         outs = {slot: _names(v) for slot, v in (outputs or {}).items()}
-        at = dict(attrs or {})
         op_def = find_op_def(type)
         if op_def is not None and check:
-            ins = _order_slots(type, "input", ins, op_def.inputs)
-            outs = _order_slots(type, "output", outs, op_def.outputs)
-            full: dict[str, Any] = {}
+            ins = _order_slots(type, "input", ins, op_def.inputs, op_def._input_names)
+            outs = _order_slots(type, "output", outs, op_def.outputs, op_def._output_names)
+            full = _valid_attrs(op_def, attrs or {})
+            if full is not None:
+                return Operator(self, type, ins, outs, full)
+            at = dict(attrs or {})  # something is wrong with them: say what, below
+            full = {}
             for ad in op_def.attrs:
                 if ad.name in at:
                     value = at.pop(ad.name)
+                    if not attr_value_ok(ad.kind, value):
+                        raise IRError(f"op {type!r} attribute {ad.name!r}: {check_attr_value(ad.kind, value)}")
                 elif ad.default is not REQUIRED:
-                    value = ad.default
+                    value = ad.default  # checked when the op type was registered
                 else:
                     raise IRError(f"op {type!r} needs attribute {ad.name!r} ({ad.doc or ad.kind.value})")
-                if not attr_value_ok(ad.kind, value):
-                    raise IRError(f"op {type!r} attribute {ad.name!r}: {check_attr_value(ad.kind, value)}")
                 full[ad.name] = normalize_attr_value(ad.kind, value)
             if at:
                 bad = next(iter(at))
                 raise IRError(f"op {type!r} has no attribute {bad!r}", hint=suggest(bad, [a.name for a in op_def.attrs]))
             at = {name: full[name] for name in op_def._sorted_attr_names}  # stored sorted by name
-        elif check:
-            from ir.ops.registry import get_op_def
+        else:
+            at = dict(attrs or {})
+            if check:
+                from ir.ops.registry import get_op_def
 
-            get_op_def(type)  # raises with a close match
+                get_op_def(type)  # raises with a close match
         return Operator(self, type, ins, outs, at)
 
     def append_op(self, type: str, inputs: Mapping[str, Any] | None = None, outputs: Mapping[str, Any] | None = None,
@@ -515,7 +541,7 @@ class Block:
                 if var.persistable:
                     continue
                 if (var.shape, var.dtype, var.type) != (info.shape, info.dtype, info.type):
-                    owner._vars[name] = dataclasses.replace(var, shape=info.shape, dtype=info.dtype, type=info.type)
+                    owner._vars[name] = _replaced(var, {"shape": info.shape, "dtype": info.dtype, "type": info.type})
                     owner._touch_vars((name,))
 
     def _owner_of(self, name: str) -> "Block | None":
@@ -530,11 +556,33 @@ class Block:
         return f"<Block {self.idx} parent={self.parent_idx} vars={len(self._vars)} ops={len(self._ops)}>"
 
 
-def _order_slots(op_type: str, kind: str, given: dict[str, list[str]], slots: Sequence[Any]) -> dict[str, list[str]]:
-    known = {s.name for s in slots}
+def _valid_attrs(op_def: Any, given: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Every attribute of an op of ``op_def``'s type as stored (sorted by name, defaults filled in,
+    values normalized) when ``given`` names only declared attributes, each with a valid value, and
+    every required one; None otherwise (``Block._make_op`` then says what is wrong)."""
+    attr_map = op_def._attr_map
+    full = op_def._attr_defaults.copy()
+    for name, value in given.items():
+        ad = attr_map.get(name)
+        if ad is None or not attr_value_ok(ad.kind, value):
+            return None
+        full[name] = normalize_attr_value(ad.kind, value)
+    for name in op_def._required_attrs:
+        if name not in given:
+            return None
+    for name in op_def._list_defaults:
+        if name not in given:
+            full[name] = list(full[name])  # each op its own list
+    return full
+
+
+def _order_slots(op_type: str, kind: str, given: dict[str, list[str]], slots: Sequence[Any],
+                 known: frozenset[str]) -> dict[str, list[str]]:
     for slot in given:
         if slot not in known:
             raise IRError(f"op {op_type!r} has no {kind} slot {slot!r}", hint=suggest(slot, known) or f"slots: {sorted(known)}")
+    if len(given) <= 1:
+        return given  # in schema order already
     return {s.name: given[s.name] for s in slots if s.name in given}
 
 

@@ -177,10 +177,11 @@ class InferContext:
 
     def set_output(self, slot: str, infos: VarInfo | Sequence[VarInfo]) -> None:
         """Set the outputs of ``slot``; one VarInfo applies to every variable in the slot."""
-        if not self.has_output(slot):
+        count = self._output_counts.get(slot, 0)
+        if count <= 0:
             return
         if isinstance(infos, VarInfo):
-            infos = [infos] * self._output_counts[slot]
+            infos = [infos] * count
         self.outputs[slot] = list(infos)
 
     def fail(self, message: str) -> None:
@@ -238,14 +239,24 @@ class OpDef:
     _input_names: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
     _output_names: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
     _block_attrs: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
+    # Every attribute in sorted order with its stored default (REQUIRED where it has none); the
+    # attributes whose default is a list (a fresh copy per op); those without a default.
+    _attr_defaults: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _list_defaults: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
+    _required_attrs: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._attr_map.update({a.name: a for a in self.attrs})
+        defaults = {a.name: a.default if a.default is REQUIRED else normalize_attr_value(a.kind, a.default)
+                    for a in sorted(self.attrs, key=lambda a: a.name)}
+        self._attr_defaults.update(defaults)
         derived = {
             "_sorted_attr_names": tuple(sorted(self._attr_map)),
             "_input_names": frozenset(s.name for s in self.inputs),
             "_output_names": frozenset(s.name for s in self.outputs),
             "_block_attrs": tuple(a.name for a in self.attrs if a.kind in (AttrKind.BLOCK, AttrKind.BLOCKS)),
+            "_list_defaults": tuple(n for n, v in defaults.items() if isinstance(v, list)),
+            "_required_attrs": tuple(n for n, v in defaults.items() if v is REQUIRED),
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
