@@ -121,6 +121,23 @@ def _shapes_agree(declared: Sequence[int], inferred: Sequence[int]) -> bool:
     return all(a == b or a < 0 or b < 0 for a, b in zip(declared, inferred))
 
 
+def _slots_ok(given: Mapping[str, list[str]], known: frozenset[str],
+              rules: tuple[tuple[str, bool, bool], ...]) -> bool:
+    """No unknown slot, every slot that is not dispensable given, one name in each slot that is not
+    duplicable: what ``_ProgramChecker._check_slots`` would find nothing wrong with."""
+    for slot_name in given:
+        if slot_name not in known:
+            return False
+    for name, dispensable, duplicable in rules:
+        names = given.get(name)
+        if not names:
+            if not dispensable:
+                return False
+        elif not duplicable and len(names) != 1:
+            return False
+    return True
+
+
 def _where(pos: int, i: int, op: Operator) -> str:
     return f"block {pos}/op {i} ({op.type})"
 
@@ -291,22 +308,14 @@ class _ProgramChecker:
         case, decided without building any message. None sends the op through those checks, which say
         what is wrong."""
         ins, outs, attrs = op._inputs, op._outputs, op._attrs
-        for given, slots, known in ((ins, op_def.inputs, op_def._input_names),
-                                    (outs, op_def.outputs, op_def._output_names)):
-            for slot_name in given:
-                if slot_name not in known:
-                    return None
-            for slot in slots:
-                names = given.get(slot.name)
-                if not names:
-                    if not slot.dispensable:
-                        return None
-                elif not slot.duplicable and len(names) != 1:
-                    return None
+        if not (_slots_ok(ins, op_def._input_names, op_def._input_rules)
+                and _slots_ok(outs, op_def._output_names, op_def._output_rules)):
+            return None
         if attrs.keys() != op_def._attr_map.keys():
             return None
-        for ad in op_def.attrs:
-            if not attr_value_ok(ad.kind, attrs[ad.name]):
+        for name, kind, fast_ok in op_def._attr_checks:
+            value = attrs[name]
+            if not fast_ok(value) and not attr_value_ok(kind, value):
                 return None
         # A well-formed op holds block references only in its block-kind attributes.
         for name in op_def._block_attrs:
@@ -318,10 +327,13 @@ class _ProgramChecker:
         if isinstance(role, int) and not is_valid_role(role):
             return None
         role_var = attrs.get(OP_ROLE_VAR_ATTR)
-        if isinstance(role_var, (list, tuple)) and (
-                len(role_var) % 2 or any(isinstance(n, str) and _find(chain, n) is None for n in role_var)):
-            return None
-        received = _receives_inputs(op_def)
+        if isinstance(role_var, (list, tuple)) and role_var:
+            if len(role_var) % 2:
+                return None
+            for name in role_var:
+                if isinstance(name, str) and _find(chain, name) is None:
+                    return None
+        received = "rpc" in op_def.traits and _receives_inputs(op_def)
         own = chain[0]
         rbw_inputs = []
         for names in ins.values():

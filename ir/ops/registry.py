@@ -244,6 +244,12 @@ class OpDef:
     _attr_defaults: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
     _list_defaults: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
     _required_attrs: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
+    # (name, dispensable, duplicable) of each input and output slot; (name, kind, exact-type test of
+    # the kind's common values) of each attribute.
+    _input_rules: tuple[tuple[str, bool, bool], ...] = field(default=(), init=False, compare=False, repr=False)
+    _output_rules: tuple[tuple[str, bool, bool], ...] = field(default=(), init=False, compare=False, repr=False)
+    _attr_checks: tuple[tuple[str, AttrKind, Callable[[Any], bool]], ...] = field(
+        default=(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._attr_map.update({a.name: a for a in self.attrs})
@@ -257,6 +263,9 @@ class OpDef:
             "_block_attrs": tuple(a.name for a in self.attrs if a.kind in (AttrKind.BLOCK, AttrKind.BLOCKS)),
             "_list_defaults": tuple(n for n, v in defaults.items() if isinstance(v, list)),
             "_required_attrs": tuple(n for n, v in defaults.items() if v is REQUIRED),
+            "_input_rules": tuple((s.name, s.dispensable, s.duplicable) for s in self.inputs),
+            "_output_rules": tuple((s.name, s.dispensable, s.duplicable) for s in self.outputs),
+            "_attr_checks": tuple((a.name, a.kind, _FAST_OK[a.kind]) for a in self.attrs),
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
