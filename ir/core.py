@@ -234,13 +234,14 @@ class Operator:
     def _rename_many(self, mapping: Mapping[str, str]) -> bool:
         """Rename without touching (the calling Block method does); True when something was renamed."""
         changed = False
+        renamed = mapping.keys()
         for table in (self._inputs, self._outputs):
             for slot, names in table.items():
-                if any(n in mapping for n in names):
+                if not renamed.isdisjoint(names):
                     table[slot] = [mapping.get(n, n) for n in names]
                     changed = True
         rv = self._attrs.get(OP_ROLE_VAR_ATTR)
-        if rv and any(n in mapping for n in rv):
+        if rv and not renamed.isdisjoint(rv):
             self._attrs[OP_ROLE_VAR_ATTR] = [mapping.get(n, n) for n in rv]
             changed = True
         return changed
@@ -592,14 +593,16 @@ def infer_op(op: Operator) -> dict[str, list[VarInfo]] | None:
     if op_def is None or op_def.infer is None:
         return None
     block = op.block
-    find = block.find_var_recursive
+    own = block._vars
     inputs = {}
     for slot, names in op._inputs.items():
         infos = []
         for n in names:
-            var = find(n)
+            var = own.get(n)
             if var is None:
-                var = block.var_recursive(n)  # raises, naming the variable
+                var = block.find_var_recursive(n)
+                if var is None:
+                    var = block.var_recursive(n)  # raises, naming the variable
             infos.append(_info(var.shape, var.dtype, var.type))
         inputs[slot] = infos
     ctx = InferContext(op.type, inputs, op._attrs, {slot: len(names) for slot, names in op._outputs.items()})

@@ -47,19 +47,25 @@ from passes.pass_base import Pass, PassContext, PassError
 
 
 class _OriginOps(NamedTuple):
-    optimize: list[Operator]
     lr: list[Operator]
     chains: dict[str, list[Operator]]  # parameter -> its optimize ops, in program order
+    updates: list[tuple[str, ParamPlan]]  # (parameter, its plan) of each optimizer op on a planned parameter
 
     @classmethod
-    def of(cls, origin: Program, geo_sgd: bool) -> "_OriginOps":
+    def of(cls, origin: Program, plan: DistPlan) -> "_OriginOps":
         opt_ops = optimize_ops(origin)
         chains: dict[str, list[Operator]] = {}
         for op in opt_ops:
             rv = op.role_var
             if rv:
                 chains.setdefault(rv[0], []).append(op)
-        return cls(opt_ops, [] if geo_sgd else lr_ops(origin), chains)
+        updates = []
+        for op in opt_ops:
+            if is_optimizer_op(op):
+                param = op.input("Param")[0]
+                if plan.has_param(param):
+                    updates.append((param, plan.param_plan(param)))
+        return cls([] if plan.geo_sgd else lr_ops(origin), chains, updates)
 
 
 @dataclass(frozen=True)
@@ -71,7 +77,7 @@ class PserverProgram(Pass):
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         plan = ctx.require_placed(self.name)
         # The input's optimize and learning-rate ops, found once for every endpoint.
-        origin_ops = _OriginOps.of(ctx.origin_main, plan.geo_sgd)
+        origin_ops = _OriginOps.of(ctx.origin_main, plan)
         for ep in plan.pservers:
             programs.add(ProgramRole.pserver(ep), self.build(ctx, plan, ep, origin_ops), Program())
         return True
@@ -121,18 +127,12 @@ class PserverProgram(Pass):
         pre_block = prog.num_blocks - 1
         grad_to_block: list[str] = []
         sparse_to_param: list[str] = []
-        opt_ops, chains = origin_ops.optimize, origin_ops.chains
+        chains = origin_ops.chains
         owned_blocks: dict[str, list[int]] = {}
         for owned_pp, i in owned:
             owned_blocks.setdefault(owned_pp.param, []).append(i)
-        for op in opt_ops:
-            if not is_optimizer_op(op):
-                continue
-            param = op.input("Param")[0]
-            if not plan.has_param(param):
-                continue
-            pp = plan.param_plan(param)
-            for i in owned_blocks.get(param, []):
+        for param, pp in origin_ops.updates:
+            for i in owned_blocks.get(param, ()):
                 blk = prog.create_block(pre_block)
                 prog.rollback()
                 opt_blocks.append(blk.idx)
