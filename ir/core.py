@@ -561,13 +561,16 @@ def _valid_attrs(op_def: Any, given: Mapping[str, Any]) -> dict[str, Any] | None
     """Every attribute of an op of ``op_def``'s type as stored (sorted by name, defaults filled in,
     values normalized) when ``given`` names only declared attributes, each with a valid value, and
     every required one; None otherwise (``Block._make_op`` then says what is wrong)."""
-    attr_map = op_def._attr_map
+    specs = op_def._attr_specs
     full = op_def._attr_defaults.copy()
     for name, value in given.items():
-        ad = attr_map.get(name)
-        if ad is None or not attr_value_ok(ad.kind, value):
+        spec = specs.get(name)
+        if spec is None:
             return None
-        full[name] = normalize_attr_value(ad.kind, value)
+        kind, fast_ok, normalize = spec
+        if not fast_ok(value) and not attr_value_ok(kind, value):
+            return None
+        full[name] = value if normalize is None else normalize(value)
     for name in op_def._required_attrs:
         if name not in given:
             return None

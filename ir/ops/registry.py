@@ -250,12 +250,16 @@ class OpDef:
     _output_rules: tuple[tuple[str, bool, bool], ...] = field(default=(), init=False, compare=False, repr=False)
     _attr_checks: tuple[tuple[str, AttrKind, Callable[[Any], bool]], ...] = field(
         default=(), init=False, compare=False, repr=False)
+    # name -> (kind, its exact-type test, its normalizer or None where a valid value is stored as is)
+    _attr_specs: dict[str, tuple[AttrKind, Callable[[Any], bool], Callable[[Any], Any] | None]] = field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._attr_map.update({a.name: a for a in self.attrs})
         defaults = {a.name: a.default if a.default is REQUIRED else normalize_attr_value(a.kind, a.default)
                     for a in sorted(self.attrs, key=lambda a: a.name)}
         self._attr_defaults.update(defaults)
+        self._attr_specs.update({a.name: (a.kind, _FAST_OK[a.kind], _NORMALIZERS.get(a.kind)) for a in self.attrs})
         derived = {
             "_sorted_attr_names": tuple(sorted(self._attr_map)),
             "_input_names": frozenset(s.name for s in self.inputs),
@@ -536,6 +540,14 @@ def normalize_attr_value(kind: AttrKind, value: Any) -> Any:
     if kind is AttrKind.FLOAT:
         return float(value)
     return value
+
+
+# The kinds whose valid values ``normalize_attr_value`` changes (lists become lists, ints floats); the
+# others are stored as given.
+_NORMALIZERS: dict[AttrKind, Callable[[Any], Any]] = {
+    kind: (lambda v, kind=kind: normalize_attr_value(kind, v)) for kind in AttrKind
+    if kind.is_list or kind is AttrKind.FLOAT
+}
 
 
 def attr_kind_of_value(value: Any) -> AttrKind:
