@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ir.errors import IRError
 from ir.names import EMPTY_VAR_NAME
@@ -133,7 +133,7 @@ def _names(arg: Any) -> list[str]:
 class Operator:
     """One op: ``type``, slot → variable names for inputs and outputs, and typed ``attrs``."""
 
-    __slots__ = ("block", "type", "_inputs", "_outputs", "_attrs", "_changed_at")
+    __slots__ = ("block", "type", "_inputs", "_outputs", "_attrs", "_changed_at", "_inference")
 
     def __init__(self, block: "Block", type: str, inputs: dict[str, list[str]],
                  outputs: dict[str, list[str]], attrs: dict[str, Any]) -> None:
@@ -143,6 +143,7 @@ class Operator:
         self._outputs = outputs
         self._attrs = attrs
         self._changed_at = block.program._version  # the program's version after this op's last change
+        self._inference: _Inference | None = None  # its last shape inference by Block.infer_op_shapes
 
     # --- reading
     @property
@@ -526,8 +527,11 @@ class Block:
         self._touch()
 
     def infer_op_shapes(self, op: Operator) -> None:
-        """Run ``op``'s shape inference and record the results on its non-persistable outputs."""
-        results = infer_op(op)
+        """Run ``op``'s shape inference and record the results on its non-persistable outputs (and on the
+        op, for a verifier that trusts ``Operator._changed_at``: see ``ir.verify.VerifyCache``)."""
+        inference = _inferred(op)
+        op._inference = inference
+        results = inference.results
         if results is None:
             return
         for slot, infos in results.items():
@@ -592,12 +596,27 @@ def _order_slots(op_type: str, kind: str, given: dict[str, list[str]], slots: Se
 
 def infer_op(op: Operator) -> dict[str, list[VarInfo]] | None:
     """Shape inference for ``op`` against its block's variables; None if the op declares none."""
+    return _inferred(op).results
+
+
+class _Inference(NamedTuple):
+    """What shape inference of an op gave (``results``), from which input variables (``read``, in slot
+    order), at which program version: while the op is unchanged since (``Operator._changed_at``) and its
+    inputs are the same Variable values, inferring again gives the same results."""
+
+    version: int
+    read: tuple[Variable, ...]
+    results: dict[str, list[VarInfo]] | None
+
+
+def _inferred(op: Operator) -> _Inference:
     op_def = find_op_def(op.type)
-    if op_def is None or op_def.infer is None:
-        return None
     block = op.block
+    if op_def is None or op_def.infer is None:
+        return _Inference(block.program._version, (), None)
     own = block._vars
     inputs = {}
+    read = []
     for slot, names in op._inputs.items():
         infos = []
         for n in names:
@@ -606,11 +625,12 @@ def infer_op(op: Operator) -> dict[str, list[VarInfo]] | None:
                 var = block.find_var_recursive(n)
                 if var is None:
                     var = block.var_recursive(n)  # raises, naming the variable
+            read.append(var)
             infos.append(_info(var.shape, var.dtype, var.type))
         inputs[slot] = infos
     ctx = InferContext(op.type, inputs, op._attrs, {slot: len(names) for slot, names in op._outputs.items()})
     op_def.infer(ctx)
-    return ctx.outputs
+    return _Inference(block.program._version, tuple(read), ctx.outputs)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -708,6 +728,11 @@ class Program:
                 for op in b._ops
                 if not for_test or op.role in (0, 256)
             ]
+            if not for_test:  # the same ops reading the same variables: their inferences still hold
+                for op, copied in zip(b._ops, nb._ops):
+                    inference = op._inference
+                    if inference is not None and op._changed_at <= inference.version:
+                        copied._inference = _Inference(new._version, inference.read, inference.results)
             new.blocks.append(nb)
         return new
 

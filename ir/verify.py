@@ -121,6 +121,17 @@ def _shapes_agree(declared: Sequence[int], inferred: Sequence[int]) -> bool:
     return all(a == b or a < 0 or b < 0 for a, b in zip(declared, inferred))
 
 
+def _reads(op: Operator, chain: Sequence[Mapping[str, Variable]], read: tuple[Variable, ...]) -> bool:
+    """Whether ``op``'s inputs, in slot order, are the variables ``read`` (the same values)."""
+    k = 0
+    for names in op._inputs.values():
+        for name in names:
+            if k >= len(read) or _find(chain, name) is not read[k]:
+                return False
+            k += 1
+    return k == len(read)
+
+
 def _slots_ok(given: Mapping[str, list[str]], known: frozenset[str],
               rules: tuple[tuple[str, bool, bool], ...]) -> bool:
     """No unknown slot, every slot that is not dispensable given, one name in each slot that is not
@@ -181,8 +192,12 @@ class _ProgramChecker:
     answer, except read-before-write, which depends on the ops before it and is re-tested on the
     inputs it applies to. The problems are those a check from scratch finds, in the same order."""
 
-    def __init__(self, program: Program, role: str | None, seen: _Seen | None = None) -> None:
+    def __init__(self, program: Program, role: str | None, seen: _Seen | None = None, *,
+                 trust_versions: bool = False) -> None:
         self.program = program
+        # Whether the program changes only through the IR's methods (a VerifyCache's contract), so that
+        # an op's recorded shape inference holds while the op and the variables it read are unchanged.
+        self.trust_versions = trust_versions
         self.prefix = f"{role}/" if role else ""
         self.problems: list[Problem] = []
         self.seen = seen
@@ -475,8 +490,12 @@ class _ProgramChecker:
         return all_declared
 
     def _check_shapes(self, op: Operator, pos: int, i: int, chain: list[Mapping[str, Variable]]) -> None:
+        inference = op._inference if self.trust_versions else None
         try:
-            results = infer_op(op)
+            if inference is not None and op._changed_at <= inference.version and _reads(op, chain, inference.read):
+                results = inference.results
+            else:
+                results = infer_op(op)
         except FlotillaError as err:
             self._add(Code.INFER_FAILED, _where(pos, i, op), f"shape inference failing: {err.message}",
                       "inputs that the op's shape inference accepts", err.hint, block=pos, op=i)
@@ -560,7 +579,7 @@ class VerifyCache:
                 return list(entry.problems)
             seen = entry.seen
         version = program.version
-        checker = _ProgramChecker(program, role, seen)
+        checker = _ProgramChecker(program, role, seen, trust_versions=True)
         found = checker.run()
         self._entries[id(program)] = _Verified(program, structure, role, _Seen(version, checker.clean), list(found))
         return found

@@ -2,6 +2,7 @@
 through the IR's methods (which bump ``Program.version``) is."""
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 import pytest
@@ -10,6 +11,8 @@ from ir.core import Program
 from ir.verify import Code, VerifyCache, _ProgramChecker, collect_problems
 
 from tests.ir.test_verify import make_program
+
+verify_module = importlib.import_module("ir.verify")  # the package exports a function of the same name
 
 
 @pytest.fixture
@@ -131,3 +134,28 @@ def test_a_sub_block_op_is_checked_again_when_an_ancestor_variable_changes(check
     p.global_block().replace_var("loss", shape=(2,))
     found = cache.problems(p)
     assert "scale" in checked and found == collect_problems(p)
+
+
+@pytest.fixture
+def inferred(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The types of the ops whose shapes the verifier inferred again."""
+    seen: list[str] = []
+    original = verify_module.infer_op
+
+    def infer_op(op: Any) -> Any:
+        seen.append(op.type)
+        return original(op)
+
+    monkeypatch.setattr(verify_module, "infer_op", infer_op)
+    return seen
+
+
+def test_the_inference_append_op_made_is_reused_while_op_and_inputs_are_unchanged(inferred: list[str]) -> None:
+    p = make_program().clone()  # a clone keeps the inferences of the ops it copies
+    assert VerifyCache().problems(p) == [] and inferred == []
+    p.global_block().replace_var("bias", shape=(5,))  # elementwise_add reads it: inferred again, and refused
+    found = VerifyCache().problems(p)
+    assert inferred == ["elementwise_add"] and found == collect_problems(p) and found
+    inferred.clear()
+    collect_problems(p)  # without a cache, nothing is taken on trust: private edits are seen too
+    assert len(inferred) == 5
