@@ -314,8 +314,9 @@ class Block:
         if v is not None or self.parent_idx < 0:
             return v
         program, idx = self.program, self.parent_idx
+        blocks = program.blocks
         while idx >= 0:
-            block = program.block(idx)
+            block = blocks[idx] if type(idx) is int and idx < len(blocks) else program.block(idx)
             v = block._vars.get(name)
             if v is not None:
                 return v
@@ -550,7 +551,9 @@ class Block:
                     owner._touch_vars((name,))
 
     def _owner_of(self, name: str) -> "Block | None":
-        block: Block | None = self
+        if name in self._vars:
+            return self
+        block: Block | None = self.parent
         while block is not None:
             if name in block._vars:
                 return block
