@@ -5,7 +5,9 @@ Invariants:
 - Operators and Blocks change only through their methods, and every change bumps the owning
   Program's ``version`` (analyses cache on it). Each op also records the version of its own last
   change, and the program the version at which each variable name was last declared, replaced or
-  removed, so that a verifier that has seen the program before re-checks only what changed since.
+  removed, so that a verifier that has seen the program before re-checks only what changed since;
+  ``Block.infer_op_shapes`` records the inference on the op (with the variables it read), for the
+  same verifier to reuse while neither changed (``clone`` keeps it).
 - Ops name variables through slots (slot → list of names); ops of registered types have their slots
   in schema order and every declared attribute present (defaults filled in), so printing is canonical.
 - Nothing here parses names: relations such as "slice of" or "trainer copy of" are fields.

@@ -562,8 +562,10 @@ class VerifyCache:
     the IR's methods, each op records the version of its last change and the program the version of
     each variable's (see ``ir.core``); the block list, which readers of the text and protobuf forms
     build directly, is part of the key as well (a different one, or another role, means checking from
-    scratch). Only for programs changed through those methods (a pipeline of passes), not for tests
-    that edit private fields."""
+    scratch). For the same reason the shape check takes the inference ``Block.infer_op_shapes`` recorded
+    on an op (``append_op`` runs it) while the op is unchanged and reads the same variables, instead of
+    inferring again. Only for programs changed through those methods (a pipeline of passes), not for
+    tests that edit private fields: ``collect_problems`` and ``verify`` take nothing on trust."""
 
     def __init__(self) -> None:
         self._entries: dict[int, _Verified] = {}
