@@ -123,10 +123,13 @@ def _shapes_agree(declared: Sequence[int], inferred: Sequence[int]) -> bool:
 
 def _reads(op: Operator, chain: Sequence[Mapping[str, Variable]], read: tuple[Variable, ...]) -> bool:
     """Whether ``op``'s inputs, in slot order, are the variables ``read`` (the same values)."""
-    k = 0
+    k, own = 0, chain[0]
     for names in op._inputs.values():
         for name in names:
-            if k >= len(read) or _find(chain, name) is not read[k]:
+            if k >= len(read):
+                return False
+            var = own.get(name)
+            if (var if var is not None else _find(chain, name)) is not read[k]:
                 return False
             k += 1
     return k == len(read)
@@ -167,7 +170,7 @@ def _receives_inputs(op_def: OpDef | None) -> bool:
     the trainers over the network rather than by an earlier op."""
     if op_def is None or not op_def.has_trait("rpc"):
         return False
-    return any(a.kind in (AttrKind.BLOCK, AttrKind.BLOCKS) for a in op_def.attrs)
+    return bool(op_def._block_attrs)  # the attributes of kind block or blocks
 
 
 # id(op) -> (op, the op's inputs whose read-before-write check depends on the ops before it), for every
@@ -328,9 +331,11 @@ class _ProgramChecker:
             return None
         if attrs.keys() != op_def._attr_map.keys():
             return None
-        for name, kind, fast_ok in op_def._attr_checks:
+        for name, kind, exact, fast_ok in op_def._attr_checks:
             value = attrs[name]
-            if not fast_ok(value) and not attr_value_ok(kind, value):
+            if (type(value) in exact) if exact is not None else fast_ok(value):
+                continue
+            if not attr_value_ok(kind, value):
                 return None
         # A well-formed op holds block references only in its block-kind attributes.
         for name in op_def._block_attrs:
@@ -345,8 +350,9 @@ class _ProgramChecker:
         if isinstance(role_var, (list, tuple)) and role_var:
             if len(role_var) % 2:
                 return None
+            own = chain[0]
             for name in role_var:
-                if isinstance(name, str) and _find(chain, name) is None:
+                if isinstance(name, str) and own.get(name) is None and _find(chain, name) is None:
                     return None
         received = "rpc" in op_def.traits and _receives_inputs(op_def)
         own = chain[0]
@@ -509,10 +515,12 @@ class _ProgramChecker:
             return
         if not results:
             return
-        outputs = op._outputs
+        outputs, own = op._outputs, chain[0]
         for slot, infos in results.items():
             for name, info in zip(outputs.get(slot, ()), infos):
-                var = _find(chain, name)
+                var = own.get(name)
+                if var is None:
+                    var = _find(chain, name)
                 if var is None or (var.shape == info.shape and var.dtype == info.dtype and var.type == info.type):
                     continue
                 where, loc = _where(pos, i, op), {"block": pos, "op": i}

@@ -248,7 +248,7 @@ class OpDef:
     # the kind's common values) of each attribute.
     _input_rules: tuple[tuple[str, bool, bool], ...] = field(default=(), init=False, compare=False, repr=False)
     _output_rules: tuple[tuple[str, bool, bool], ...] = field(default=(), init=False, compare=False, repr=False)
-    _attr_checks: tuple[tuple[str, AttrKind, Callable[[Any], bool]], ...] = field(
+    _attr_checks: tuple[tuple[str, AttrKind, frozenset[type] | None, Callable[[Any], bool]], ...] = field(
         default=(), init=False, compare=False, repr=False)
     # name -> (kind, its exact-type test, its normalizer or None where a valid value is stored as is)
     _attr_specs: dict[str, tuple[AttrKind, Callable[[Any], bool], Callable[[Any], Any] | None]] = field(
@@ -269,7 +269,7 @@ class OpDef:
             "_required_attrs": tuple(n for n, v in defaults.items() if v is REQUIRED),
             "_input_rules": tuple((s.name, s.dispensable, s.duplicable) for s in self.inputs),
             "_output_rules": tuple((s.name, s.dispensable, s.duplicable) for s in self.outputs),
-            "_attr_checks": tuple((a.name, a.kind, _FAST_OK[a.kind]) for a in self.attrs),
+            "_attr_checks": tuple((a.name, a.kind, _EXACT_TYPES.get(a.kind), _FAST_OK[a.kind]) for a in self.attrs),
         }
         for name, value in derived.items():
             object.__setattr__(self, name, value)
@@ -491,13 +491,19 @@ _SCALAR_OK: dict[AttrKind, Callable[[Any], bool]] = {
 }
 
 
+# The scalar kinds whose valid values are exactly the values of these types (ints have a range too).
+_EXACT_TYPES: dict[AttrKind, frozenset[type]] = {
+    AttrKind.BOOL: frozenset({bool}), AttrKind.FLOAT: frozenset({int, float}), AttrKind.STRING: frozenset({str}),
+    AttrKind.BLOCK: frozenset({BlockRef}),
+}
+
+
 def _fast_checks() -> dict[AttrKind, Callable[[Any], bool]]:
     """Per kind, a test by exact type that accepts the common valid values (``int``, ``float``, ``str``,
     ``bool``, ``BlockRef`` and lists or tuples of them) and only valid ones; what it does not accept
     goes to the full check, which says what is wrong. (Subclasses such as ``IntEnum`` take that path.)"""
     lo, hi = _INT_RANGE
-    exact = {AttrKind.BOOL: frozenset({bool}), AttrKind.FLOAT: frozenset({int, float}),
-             AttrKind.STRING: frozenset({str}), AttrKind.BLOCK: frozenset({BlockRef})}
+    exact = _EXACT_TYPES
 
     def scalar(types: frozenset[type]) -> Callable[[Any], bool]:
         return lambda v: type(v) in types
