@@ -858,22 +858,22 @@ class _SetChecker:
                 if isinstance(var, Parameter) and var.trainable and name not in params:
                     params[name] = (role, main, var)
 
+            distributed = {name for name, var in gblock.vars.items()
+                           if isinstance(var, Parameter) and var.is_distributed}
             for block in main.blocks:
                 for op in block.ops:
-                    role_var = op.role_var
                     if op.type == "send":
-                        for name in role_var[0::2]:
+                        for name in op.role_var[0::2]:
                             consider(name)
                     elif op.type == "recv":
                         for name in list(op.attrs.get("recv_varnames") or op.output("Out")):
                             consider(name)
-                    for p, g in zip(role_var[0::2], role_var[1::2]):
-                        var = gblock.find_var_recursive(p)
-                        if isinstance(var, Parameter) and var.is_distributed:
-                            tables.update((p, g))
-            for name, var in gblock.vars.items():
-                if isinstance(var, Parameter) and var.is_distributed:
-                    tables.add(name)
+                    if distributed:  # a table's gradient is named beside it, by the ops working on both
+                        role_var = op.role_var
+                        for p, g in zip(role_var[0::2], role_var[1::2]):
+                            if p in distributed:
+                                tables.update((p, g))
+            tables |= distributed
         return params, tables
 
     def _optimized(self) -> dict[str, list[_Held]]:
