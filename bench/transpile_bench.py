@@ -16,7 +16,8 @@ parameter, and the ratio of the largest size's times to the second largest's: wi
 should stay near 10; far above means something is quadratic. Then where the time of the largest size's
 best transpile went: the passes (each pass, from the transpiler's ``timings``), verification (the
 per-program checks the pipeline runs around the passes, a program unchanged since its last check being
-answered from the pipeline's ``VerifyCache``, and the final cross-program checks), cloning
+answered from the pipeline's ``VerifyCache`` and a changed one re-checked only in the ops that changed or
+name a variable that changed, and the final cross-program checks), cloning
 (``Program.clone`` outside the passes; the passes' own clones are in their times) and the rest. The
 breakdown wraps the verifier's and ``Program.clone``'s entry points while the bench runs.
 

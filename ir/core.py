@@ -3,7 +3,11 @@
 Invariants:
 - Variables are frozen values; a Block replaces them (``replace_var``) rather than editing them.
 - Operators and Blocks change only through their methods, and every change bumps the owning
-  Program's ``version`` (analyses cache on it).
+  Program's ``version`` (analyses cache on it). Each op also records the version of its own last
+  change, and the program the version at which each variable name was last declared, replaced or
+  removed, so that a verifier that has seen the program before re-checks only what changed since;
+  ``Block.infer_op_shapes`` records the inference on the op (with the variables it read), for the
+  same verifier to reuse while neither changed (``clone`` keeps it).
 - Ops name variables through slots (slot → list of names); ops of registered types have their slots
   in schema order and every declared attribute present (defaults filled in), so printing is canonical.
 - Nothing here parses names: relations such as "slice of" or "trainer copy of" are fields.
@@ -14,7 +18,7 @@ import contextlib
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 from ir.errors import IRError
 from ir.names import EMPTY_VAR_NAME
@@ -24,6 +28,7 @@ from ir.ops.registry import (
     VarInfo,
     VAR_TYPES,
     DTYPES,
+    attr_value_ok,
     check_attr_value,
     find_op_def,
     normalize_attr_value,
@@ -54,7 +59,9 @@ class Variable:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise IRError(f"variable name must be a non-empty string, got {self.name!r}")
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        shape = self.shape
+        if type(shape) is not tuple or not all(type(d) is int for d in shape):
+            object.__setattr__(self, "shape", tuple(int(d) for d in shape))
         if self.dtype not in DTYPES:
             raise IRError(f"variable {self.name!r}: unknown dtype {self.dtype!r}", hint=suggest(self.dtype, DTYPES))
         if self.type not in VAR_TYPES:
@@ -65,7 +72,7 @@ class Variable:
         return False
 
     def replace(self, **changes: Any) -> "Variable":
-        return dataclasses.replace(self, **changes)
+        return _replaced(self, changes)
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,24 @@ class Parameter(Variable):
         return True
 
 
+_FIELDS: dict[type, frozenset[str]] = {cls: frozenset(f.name for f in dataclasses.fields(cls))
+                                       for cls in (Variable, Parameter)}
+
+
+def _replaced(var: Variable, changes: Mapping[str, Any]) -> Variable:
+    """``dataclasses.replace(var, **changes)``, validated by ``__post_init__`` the same way, without the
+    generic field-by-field rebuild (passes replace tens of thousands of variables)."""
+    fields = _FIELDS.get(type(var))
+    if fields is None or not fields.issuperset(changes):
+        return dataclasses.replace(var, **changes)  # a subclass, or an unknown field (which it refuses)
+    new = object.__new__(type(var))
+    state = new.__dict__
+    state.update(var.__dict__)
+    state.update(changes)
+    new.__post_init__()
+    return new
+
+
 VarLike = "str | Variable"
 
 
@@ -103,14 +128,14 @@ def _names(arg: Any) -> list[str]:
     if arg is None:
         return []
     if isinstance(arg, (list, tuple)):
-        return [_name_of(v) for v in arg]
+        return [v if type(v) is str else _name_of(v) for v in arg]
     return [_name_of(arg)]
 
 
 class Operator:
     """One op: ``type``, slot → variable names for inputs and outputs, and typed ``attrs``."""
 
-    __slots__ = ("block", "type", "_inputs", "_outputs", "_attrs")
+    __slots__ = ("block", "type", "_inputs", "_outputs", "_attrs", "_changed_at", "_inference")
 
     def __init__(self, block: "Block", type: str, inputs: dict[str, list[str]],
                  outputs: dict[str, list[str]], attrs: dict[str, Any]) -> None:
@@ -119,6 +144,8 @@ class Operator:
         self._inputs = inputs
         self._outputs = outputs
         self._attrs = attrs
+        self._changed_at = block.program._version  # the program's version after this op's last change
+        self._inference: _Inference | None = None  # its last shape inference by Block.infer_op_shapes
 
     # --- reading
     @property
@@ -183,34 +210,44 @@ class Operator:
                 raise IRError(f"op {self.type!r} attribute {name!r}: {problem}")
             value = normalize_attr_value(ad.kind, value)
         self._attrs[name] = value
-        self.block._touch()
+        self._touch()
 
     def set_input(self, slot: str, names: Any) -> None:
         self._inputs[slot] = _names(names)
-        self.block._touch()
+        self._touch()
 
     def set_output(self, slot: str, names: Any) -> None:
         self._outputs[slot] = _names(names)
-        self.block._touch()
+        self._touch()
 
     def rename_input(self, old: str, new: str) -> None:
         for slot, names in self._inputs.items():
             self._inputs[slot] = [new if n == old else n for n in names]
-        self.block._touch()
+        self._touch()
 
     def rename_output(self, old: str, new: str) -> None:
         for slot, names in self._outputs.items():
             self._outputs[slot] = [new if n == old else n for n in names]
-        self.block._touch()
+        self._touch()
 
-    def _rename_many(self, mapping: Mapping[str, str]) -> None:
+    def _touch(self) -> None:
+        self.block._touch()
+        self._changed_at = self.block.program._version
+
+    def _rename_many(self, mapping: Mapping[str, str]) -> bool:
+        """Rename without touching (the calling Block method does); True when something was renamed."""
+        changed = False
+        renamed = mapping.keys()
         for table in (self._inputs, self._outputs):
             for slot, names in table.items():
-                if any(n in mapping for n in names):
+                if not renamed.isdisjoint(names):
                     table[slot] = [mapping.get(n, n) for n in names]
+                    changed = True
         rv = self._attrs.get(OP_ROLE_VAR_ATTR)
-        if rv and any(n in mapping for n in rv):
+        if rv and not renamed.isdisjoint(rv):
             self._attrs[OP_ROLE_VAR_ATTR] = [mapping.get(n, n) for n in rv]
+            changed = True
+        return changed
 
     def to_string(self) -> str:
         from ir.printer import format_op
@@ -235,6 +272,18 @@ class Block:
     def _touch(self) -> None:
         self._ops_snapshot = None
         self.program._version += 1
+
+    def _touch_vars(self, names: Iterable[str]) -> None:
+        """``_touch``, recording that the variables ``names`` were declared, replaced or removed."""
+        self._touch()
+        self.program._note_var_changes(names)
+
+    def _touch_ops(self, ops: Iterable[Operator]) -> None:
+        """``_touch``, recording that ``ops`` changed."""
+        self._touch()
+        version = self.program._version
+        for op in ops:
+            op._changed_at = version
 
     # --- variables
     @property
@@ -266,12 +315,14 @@ class Block:
         v = self._vars.get(name)
         if v is not None or self.parent_idx < 0:
             return v
-        block = self.parent
-        while block is not None:
+        program, idx = self.program, self.parent_idx
+        blocks = program.blocks
+        while idx >= 0:
+            block = blocks[idx] if type(idx) is int and idx < len(blocks) else program.block(idx)
             v = block._vars.get(name)
             if v is not None:
                 return v
-            block = block.parent
+            idx = block.parent_idx
         return None
 
     def var_recursive(self, name: str) -> Variable:
@@ -287,7 +338,7 @@ class Block:
             raise IRError(f"block {self.idx} already has a variable named {var.name!r}",
                           hint="use replace_var to change it, or pick another name (ir.unique_name)")
         self._vars[var.name] = var
-        self._touch()
+        self._touch_vars((var.name,))
         return var
 
     def create_var(self, name: str | None = None, shape: Sequence[int] = (), dtype: str = "float32",
@@ -311,23 +362,23 @@ class Block:
 
     def replace_var(self, name: str, **changes: Any) -> Variable:
         """Replace variable ``name`` by a copy with ``changes`` (its position is kept)."""
-        new = dataclasses.replace(self.var(name), **changes)
+        new = _replaced(self.var(name), changes)
         if new.name != name:
             raise IRError("replace_var cannot change a name", hint="use rename_var")
         self._vars[name] = new
-        self._touch()
+        self._touch_vars((name,))
         return new
 
     def set_var(self, var: Variable) -> Variable:
         """Put ``var`` in place of the variable of the same name, or add it."""
         self._vars[var.name] = var
-        self._touch()
+        self._touch_vars((var.name,))
         return var
 
     def remove_var(self, name: str) -> None:
         self.var(name)
         del self._vars[name]
-        self._touch()
+        self._touch_vars((name,))
 
     def rename_var(self, old: str, new: str) -> Variable:
         """Rename a variable of this block and every use of it in this block and its sub-blocks
@@ -344,14 +395,20 @@ class Block:
                 raise IRError(f"cannot rename {old!r} to {new!r}: block {self.idx} already has {new!r}")
         if not mapping:
             return
-        self._vars = {mapping.get(k, k): dataclasses.replace(v, name=mapping[k]) if k in mapping else v
+        self._vars = {mapping.get(k, k): _replaced(v, {"name": mapping[k]}) if k in mapping else v
                       for k, v in self._vars.items()}
+        self._touch_vars([*mapping, *mapping.values()])
+        self._touch_ops(self._rename_uses(mapping))
+
+    def _rename_uses(self, mapping: Mapping[str, str]) -> list[Operator]:
+        """Rename the uses of this block's variables in it and its sub-blocks (where a sub-block's own
+        variable of the same name does not shadow them); return the ops that changed."""
+        changed = []
         for block in self.program.blocks:
             if block is self or self._is_ancestor_of(block):
                 local = {o: n for o, n in mapping.items() if block is self or o not in block._vars}
-                for op in block._ops:
-                    op._rename_many(local)
-        self._touch()
+                changed += [op for op in block._ops if op._rename_many(local)]
+        return changed
 
     def reuse_vars(self, mapping: Mapping[str, str], shapes: Mapping[str, Sequence[int]] | None = None) -> None:
         """Memory reuse: make every use of each variable ``old`` of ``mapping`` (slots and ``op_role_var``, in
@@ -376,15 +433,12 @@ class Block:
         if not mapping and not shapes:
             return
         for into, shape in shapes.items():
-            self._vars[into] = dataclasses.replace(self._vars[into], shape=tuple(shape))
-        for block in self.program.blocks:
-            if block is self or self._is_ancestor_of(block):
-                local = {o: n for o, n in mapping.items() if block is self or o not in block._vars}
-                for op in block._ops:
-                    op._rename_many(local)
+            self._vars[into] = _replaced(self._vars[into], {"shape": tuple(shape)})
+        changed = self._rename_uses(mapping)
         for old in mapping:
             del self._vars[old]
-        self._touch()
+        self._touch_vars([*mapping, *shapes])
+        self._touch_ops(changed)
 
     def _is_ancestor_of(self, block: "Block") -> bool:
         p = block.parent
@@ -405,31 +459,35 @@ class Block:
                  attrs: Mapping[str, Any] | None, check: bool) -> Operator:
         ins = {slot: _names(v) for slot, v in (inputs or {}).items()}
         outs = {slot: _names(v) for slot, v in (outputs or {}).items()}
-        at = dict(attrs or {})
         op_def = find_op_def(type)
         if op_def is not None and check:
-            ins = _order_slots(type, "input", ins, op_def.inputs)
-            outs = _order_slots(type, "output", outs, op_def.outputs)
-            full: dict[str, Any] = {}
+            ins = _order_slots(type, "input", ins, op_def.inputs, op_def._input_names)
+            outs = _order_slots(type, "output", outs, op_def.outputs, op_def._output_names)
+            full = _valid_attrs(op_def, attrs or {})
+            if full is not None:
+                return Operator(self, type, ins, outs, full)
+            at = dict(attrs or {})  # something is wrong with them: say what, below
+            full = {}
             for ad in op_def.attrs:
                 if ad.name in at:
                     value = at.pop(ad.name)
+                    if not attr_value_ok(ad.kind, value):
+                        raise IRError(f"op {type!r} attribute {ad.name!r}: {check_attr_value(ad.kind, value)}")
                 elif ad.default is not REQUIRED:
-                    value = ad.default
+                    value = ad.default  # checked when the op type was registered
                 else:
                     raise IRError(f"op {type!r} needs attribute {ad.name!r} ({ad.doc or ad.kind.value})")
-                problem = check_attr_value(ad.kind, value)
-                if problem:
-                    raise IRError(f"op {type!r} attribute {ad.name!r}: {problem}")
                 full[ad.name] = normalize_attr_value(ad.kind, value)
             if at:
                 bad = next(iter(at))
                 raise IRError(f"op {type!r} has no attribute {bad!r}", hint=suggest(bad, [a.name for a in op_def.attrs]))
-            at = dict(sorted(full.items()))
-        elif check:
-            from ir.ops.registry import get_op_def
+            at = {name: full[name] for name in op_def._sorted_attr_names}  # stored sorted by name
+        else:
+            at = dict(attrs or {})
+            if check:
+                from ir.ops.registry import get_op_def
 
-            get_op_def(type)  # raises with a close match
+                get_op_def(type)  # raises with a close match
         return Operator(self, type, ins, outs, at)
 
     def append_op(self, type: str, inputs: Mapping[str, Any] | None = None, outputs: Mapping[str, Any] | None = None,
@@ -445,7 +503,7 @@ class Block:
             raise IRError(f"insert_op index {index} out of range for block {self.idx} with {len(self._ops)} ops")
         op = self._make_op(type, inputs, outputs, attrs, check=True)
         self._ops.insert(index, op)
-        self._touch()
+        self._touch_ops((op,))
         if infer_shape:
             try:
                 self.infer_op_shapes(op)
@@ -461,7 +519,7 @@ class Block:
         the verifier reports what is wrong with it)."""
         op = Operator(self, type, inputs, outputs, attrs)
         self._ops.append(op)
-        self._touch()
+        self._touch_ops((op,))
         return op
 
     def remove_op(self, index_or_op: int | Operator) -> None:
@@ -472,8 +530,11 @@ class Block:
         self._touch()
 
     def infer_op_shapes(self, op: Operator) -> None:
-        """Run ``op``'s shape inference and record the results on its non-persistable outputs."""
-        results = infer_op(op)
+        """Run ``op``'s shape inference and record the results on its non-persistable outputs (and on the
+        op, for a verifier that trusts ``Operator._changed_at``: see ``ir.verify.VerifyCache``)."""
+        inference = _inferred(op)
+        op._inference = inference
+        results = inference.results
         if results is None:
             return
         for slot, infos in results.items():
@@ -488,11 +549,13 @@ class Block:
                 if var.persistable:
                     continue
                 if (var.shape, var.dtype, var.type) != (info.shape, info.dtype, info.type):
-                    owner._vars[name] = dataclasses.replace(var, shape=info.shape, dtype=info.dtype, type=info.type)
-                    owner._touch()
+                    owner._vars[name] = _replaced(var, {"shape": info.shape, "dtype": info.dtype, "type": info.type})
+                    owner._touch_vars((name,))
 
     def _owner_of(self, name: str) -> "Block | None":
-        block: Block | None = self
+        if name in self._vars:
+            return self
+        block: Block | None = self.parent
         while block is not None:
             if name in block._vars:
                 return block
@@ -503,33 +566,76 @@ class Block:
         return f"<Block {self.idx} parent={self.parent_idx} vars={len(self._vars)} ops={len(self._ops)}>"
 
 
-def _order_slots(op_type: str, kind: str, given: dict[str, list[str]], slots: Sequence[Any]) -> dict[str, list[str]]:
-    known = {s.name for s in slots}
+def _valid_attrs(op_def: Any, given: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Every attribute of an op of ``op_def``'s type as stored (sorted by name, defaults filled in,
+    values normalized) when ``given`` names only declared attributes, each with a valid value, and
+    every required one; None otherwise (``Block._make_op`` then says what is wrong)."""
+    specs = op_def._attr_specs
+    full = op_def._attr_defaults.copy()
+    for name, value in given.items():
+        spec = specs.get(name)
+        if spec is None:
+            return None
+        kind, fast_ok, normalize = spec
+        if not fast_ok(value) and not attr_value_ok(kind, value):
+            return None
+        full[name] = value if normalize is None else normalize(value)
+    for name in op_def._required_attrs:
+        if name not in given:
+            return None
+    for name in op_def._list_defaults:
+        if name not in given:
+            full[name] = list(full[name])  # each op its own list
+    return full
+
+
+def _order_slots(op_type: str, kind: str, given: dict[str, list[str]], slots: Sequence[Any],
+                 known: frozenset[str]) -> dict[str, list[str]]:
     for slot in given:
         if slot not in known:
             raise IRError(f"op {op_type!r} has no {kind} slot {slot!r}", hint=suggest(slot, known) or f"slots: {sorted(known)}")
+    if len(given) <= 1:
+        return given  # in schema order already
     return {s.name: given[s.name] for s in slots if s.name in given}
 
 
 def infer_op(op: Operator) -> dict[str, list[VarInfo]] | None:
     """Shape inference for ``op`` against its block's variables; None if the op declares none."""
+    return _inferred(op).results
+
+
+class _Inference(NamedTuple):
+    """What shape inference of an op gave (``results``), from which input variables (``read``, in slot
+    order), at which program version: while the op is unchanged since (``Operator._changed_at``) and its
+    inputs are the same Variable values, inferring again gives the same results."""
+
+    version: int
+    read: tuple[Variable, ...]
+    results: dict[str, list[VarInfo]] | None
+
+
+def _inferred(op: Operator) -> _Inference:
     op_def = find_op_def(op.type)
-    if op_def is None or op_def.infer is None:
-        return None
     block = op.block
-    find = block.find_var_recursive
+    if op_def is None or op_def.infer is None:
+        return _Inference(block.program._version, (), None)
+    own = block._vars
     inputs = {}
+    read = []
     for slot, names in op._inputs.items():
         infos = []
         for n in names:
-            var = find(n)
+            var = own.get(n)
             if var is None:
-                var = block.var_recursive(n)  # raises, naming the variable
+                var = block.find_var_recursive(n)
+                if var is None:
+                    var = block.var_recursive(n)  # raises, naming the variable
+            read.append(var)
             infos.append(_info(var.shape, var.dtype, var.type))
         inputs[slot] = infos
     ctx = InferContext(op.type, inputs, op._attrs, {slot: len(names) for slot, names in op._outputs.items()})
     op_def.infer(ctx)
-    return ctx.outputs
+    return _Inference(block.program._version, tuple(read), ctx.outputs)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -553,10 +659,27 @@ class Program:
         self.superseded_by: str | None = None
         self._version = 0
         self._current_block_idx = 0
+        # variable name -> the version after its last change (in any block), oldest change first
+        self._var_changes: dict[str, int] = {}
 
     @property
     def version(self) -> int:
         return self._version
+
+    def _note_var_changes(self, names: Iterable[str]) -> None:
+        changes, version = self._var_changes, self._version
+        for name in names:
+            changes.pop(name, None)  # re-inserted last: the dict stays ordered by version
+            changes[name] = version
+
+    def _vars_changed_since(self, version: int) -> set[str]:
+        """The variable names declared, replaced or removed (in any block) after ``version``."""
+        changed = set()
+        for name, at in reversed(self._var_changes.items()):
+            if at <= version:
+                break
+            changed.add(name)
+        return changed
 
     def global_block(self) -> Block:
         return self.blocks[0]
@@ -610,6 +733,11 @@ class Program:
                 for op in b._ops
                 if not for_test or op.role in (0, 256)
             ]
+            if not for_test:  # the same ops reading the same variables: their inferences still hold
+                for op, copied in zip(b._ops, nb._ops):
+                    inference = op._inference
+                    if inference is not None and op._changed_at <= inference.version:
+                        copied._inference = _Inference(new._version, inference.read, inference.results)
             new.blocks.append(nb)
         return new
 

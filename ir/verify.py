@@ -40,7 +40,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ir.core import Block, Operator, Parameter, Program, Variable, block_refs, infer_op
 from ir.errors import FlotillaError, RegistryError, VerifyError
-from ir.ops.registry import AttrKind, BlockRef, OpDef, check_attr_value, find_op_def, get_op_def, suggest
+from ir.ops.registry import (AttrKind, BlockRef, OpDef, attr_value_ok, check_attr_value, find_op_def, get_op_def,
+                              suggest)
 from ir.printer import format_op, format_var
 from ir.program_set import ProgramSet
 from ir.roles import ALL_ROLE_BITS, OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, is_valid_role, role_name
@@ -120,21 +121,91 @@ def _shapes_agree(declared: Sequence[int], inferred: Sequence[int]) -> bool:
     return all(a == b or a < 0 or b < 0 for a, b in zip(declared, inferred))
 
 
+def _reads(op: Operator, chain: Sequence[Mapping[str, Variable]], read: tuple[Variable, ...]) -> bool:
+    """Whether ``op``'s inputs, in slot order, are the variables ``read`` (the same values)."""
+    k, own = 0, chain[0]
+    for names in op._inputs.values():
+        for name in names:
+            if k >= len(read):
+                return False
+            var = own.get(name)
+            if (var if var is not None else _find(chain, name)) is not read[k]:
+                return False
+            k += 1
+    return k == len(read)
+
+
+def _slots_ok(given: Mapping[str, list[str]], known: frozenset[str],
+              rules: tuple[tuple[str, bool, bool], ...]) -> bool:
+    """No unknown slot, every slot that is not dispensable given, one name in each slot that is not
+    duplicable: what ``_ProgramChecker._check_slots`` would find nothing wrong with."""
+    for slot_name in given:
+        if slot_name not in known:
+            return False
+    for name, dispensable, duplicable in rules:
+        names = given.get(name)
+        if not names:
+            if not dispensable:
+                return False
+        elif not duplicable and len(names) != 1:
+            return False
+    return True
+
+
+def _where(pos: int, i: int, op: Operator) -> str:
+    return f"block {pos}/op {i} ({op.type})"
+
+
+def _find(chain: Sequence[Mapping[str, Variable]], name: str) -> Variable | None:
+    """The variable ``name`` in the first of ``chain`` (a block's variables, then its ancestors') declaring it."""
+    for declared in chain:
+        var = declared.get(name)
+        if var is not None:
+            return var
+    return None
+
+
 def _receives_inputs(op_def: OpDef | None) -> bool:
     """A server op (rpc trait and block attributes, i.e. ``listen_and_serv``) is given its inputs by
     the trainers over the network rather than by an earlier op."""
     if op_def is None or not op_def.has_trait("rpc"):
         return False
-    return any(a.kind in (AttrKind.BLOCK, AttrKind.BLOCKS) for a in op_def.attrs)
+    return bool(op_def._block_attrs)  # the attributes of kind block or blocks
+
+
+# id(op) -> (op, the op's inputs whose read-before-write check depends on the ops before it), for every
+# op in which a check found nothing wrong.
+_CleanOps = dict[int, tuple[Operator, list[str]]]
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What an earlier check of the same program (same blocks, same role) found clean, at ``version``."""
+
+    version: int
+    clean: _CleanOps
 
 
 class _ProgramChecker:
-    """Checks one program; problems accumulate in ``self.problems`` in block, then op, order."""
+    """Checks one program; problems accumulate in ``self.problems`` in block, then op, order.
 
-    def __init__(self, program: Program, role: str | None) -> None:
+    Given ``seen`` (an earlier check of this program with the same block structure and role), an op
+    found clean then is not checked again when neither it (``Operator._changed_at``) nor any variable
+    it names (``Program._vars_changed_since``) changed since: each of its checks would give the same
+    answer, except read-before-write, which depends on the ops before it and is re-tested on the
+    inputs it applies to. The problems are those a check from scratch finds, in the same order."""
+
+    def __init__(self, program: Program, role: str | None, seen: _Seen | None = None, *,
+                 trust_versions: bool = False) -> None:
         self.program = program
+        # Whether the program changes only through the IR's methods (a VerifyCache's contract), so that
+        # an op's recorded shape inference holds while the op and the variables it read are unchanged.
+        self.trust_versions = trust_versions
         self.prefix = f"{role}/" if role else ""
         self.problems: list[Problem] = []
+        self.seen = seen
+        self.changed: set[str] = program._vars_changed_since(seen.version) if seen is not None else set()
+        self.clean: _CleanOps = {}
         self.blocks: list[Block] = list(program.blocks)
         # chains[i]: block positions from block i up to the root, following valid parents only.
         self.chains: list[tuple[int, ...]] = []
@@ -187,10 +258,30 @@ class _ProgramChecker:
         block = self.blocks[pos]
         written: set[str] = set()
         reported: set[str] = set()
+        chain = [self.blocks[p]._vars for p in self.chains[pos]]
+        clean = self.clean
+        seen = self.seen.clean if self.seen is not None else None
         for i, op in enumerate(block.ops):
-            where = f"block {pos}/op {i} ({op.type})"
-            loc = {"block": pos, "op": i}
+            if seen is not None:
+                entry = seen.get(id(op))
+                if entry is not None and self._unchanged(op, entry, written, reported):
+                    for names in op._outputs.values():
+                        written.update(names)
+                    clean[id(op)] = entry
+                    continue
             op_def = find_op_def(op.type)
+            rbw_inputs = self._clean(op, op_def, pos, chain, written, reported) if op_def is not None else None
+            if rbw_inputs is not None:
+                for names in op._outputs.values():
+                    written.update(names)
+                found = len(self.problems)
+                if self.structure_ok[pos]:
+                    self._check_shapes(op, pos, i, chain)
+                if len(self.problems) == found:
+                    clean[id(op)] = (op, rbw_inputs)
+                continue
+            where = _where(pos, i, op)
+            loc = {"block": pos, "op": i}
             well_formed = True
             if op_def is None:
                 well_formed = False
@@ -207,7 +298,80 @@ class _ProgramChecker:
             self._check_roles(op, pos, where, loc)
             declared = self._check_vars(op, op_def, pos, where, loc, written, reported)
             if op_def is not None and well_formed and declared and self.structure_ok[pos]:
-                self._check_shapes(op, pos, where, loc)
+                self._check_shapes(op, pos, i, chain)
+
+    def _unchanged(self, op: Operator, entry: tuple[Operator, list[str]], written: set[str],
+                   reported: set[str]) -> bool:
+        """Whether ``op``, clean at the earlier check (``entry``), is clean now without checking it again."""
+        seen, changed = self.seen, self.changed
+        if entry[0] is not op or seen is None or op._changed_at > seen.version:
+            return False
+        if changed:
+            for table in (op._inputs, op._outputs):
+                for names in table.values():
+                    if not changed.isdisjoint(names):
+                        return False
+            if not changed.isdisjoint(op._attrs.get(OP_ROLE_VAR_ATTR, ())):
+                return False
+        for name in entry[1]:
+            if name not in written and name not in reported:
+                return False
+        return True
+
+    def _clean(self, op: Operator, op_def: OpDef, pos: int, chain: list[Mapping[str, Variable]],
+               written: set[str], reported: set[str]) -> list[str] | None:
+        """The inputs of ``op`` that the read-before-write check applies to (declared in its block, not
+        persistable, not fed, not received), when the slot, attribute, block reference, role and
+        variable checks find nothing wrong with ``op`` (and leave ``reported`` as it is): the common
+        case, decided without building any message. None sends the op through those checks, which say
+        what is wrong."""
+        ins, outs, attrs = op._inputs, op._outputs, op._attrs
+        if not (_slots_ok(ins, op_def._input_names, op_def._input_rules)
+                and _slots_ok(outs, op_def._output_names, op_def._output_rules)):
+            return None
+        if attrs.keys() != op_def._attr_map.keys():
+            return None
+        for name, kind, exact, fast_ok in op_def._attr_checks:
+            value = attrs[name]
+            if (type(value) in exact) if exact is not None else fast_ok(value):
+                continue
+            if not attr_value_ok(kind, value):
+                return None
+        # A well-formed op holds block references only in its block-kind attributes.
+        for name in op_def._block_attrs:
+            for ref in block_refs(attrs[name]):
+                if not isinstance(ref, int) or not 0 < ref < len(self.blocks) or ref == pos \
+                        or pos not in self.chains[ref]:
+                    return None
+        role = attrs.get(OP_ROLE_ATTR)
+        if isinstance(role, int) and not is_valid_role(role):
+            return None
+        role_var = attrs.get(OP_ROLE_VAR_ATTR)
+        if isinstance(role_var, (list, tuple)) and role_var:
+            if len(role_var) % 2:
+                return None
+            own = chain[0]
+            for name in role_var:
+                if isinstance(name, str) and own.get(name) is None and _find(chain, name) is None:
+                    return None
+        received = "rpc" in op_def.traits and _receives_inputs(op_def)
+        own = chain[0]
+        rbw_inputs = []
+        for names in ins.values():
+            for name in names:
+                var = own.get(name)
+                if var is None:
+                    if _find(chain, name) is None:
+                        return None
+                elif not (received or var.persistable or var.is_data):
+                    if name not in written and name not in reported:
+                        return None
+                    rbw_inputs.append(name)
+        for names in outs.values():
+            for name in names:
+                if name != EMPTY_VAR_NAME and own.get(name) is None and _find(chain, name) is None:
+                    return None
+        return rbw_inputs
 
     def _check_slots(self, op: Operator, op_def: OpDef, where: str, loc: Mapping[str, int]) -> bool:
         ok = True
@@ -331,27 +495,35 @@ class _ProgramChecker:
             written.update(names)
         return all_declared
 
-    def _check_shapes(self, op: Operator, pos: int, where: str, loc: Mapping[str, int]) -> None:
+    def _check_shapes(self, op: Operator, pos: int, i: int, chain: list[Mapping[str, Variable]]) -> None:
+        inference = op._inference if self.trust_versions else None
         try:
-            results = infer_op(op)
+            if inference is not None and op._changed_at <= inference.version and _reads(op, chain, inference.read):
+                results = inference.results
+            else:
+                results = infer_op(op)
         except FlotillaError as err:
-            self._add(Code.INFER_FAILED, where, f"shape inference failing: {err.message}",
-                      "inputs that the op's shape inference accepts", err.hint, **loc)
+            self._add(Code.INFER_FAILED, _where(pos, i, op), f"shape inference failing: {err.message}",
+                      "inputs that the op's shape inference accepts", err.hint, block=pos, op=i)
             return
         # Inference functions are per-op code; a bug in one must become a report naming the op,
         # not a crash of the verifier.
         except Exception as err:  # noqa: BLE001
-            self._add(Code.INFER_FAILED, where, f"shape inference raising {type(err).__name__}: {err}",
+            self._add(Code.INFER_FAILED, _where(pos, i, op), f"shape inference raising {type(err).__name__}: {err}",
                       "inputs that the op's shape inference accepts", "this is likely a bug in the op's "
-                      "shape inference in ir/ops", **loc)
+                      "shape inference in ir/ops", block=pos, op=i)
             return
         if not results:
             return
+        outputs, own = op._outputs, chain[0]
         for slot, infos in results.items():
-            for name, info in zip(op.outputs.get(slot, ()), infos):
-                var, _ = self._lookup(pos, name)
+            for name, info in zip(outputs.get(slot, ()), infos):
+                var = own.get(name)
                 if var is None:
+                    var = _find(chain, name)
+                if var is None or (var.shape == info.shape and var.dtype == info.dtype and var.type == info.type):
                     continue
+                where, loc = _where(pos, i, op), {"block": pos, "op": i}
                 if not _shapes_agree(var.shape, info.shape):
                     self._add(Code.SHAPE_MISMATCH, where,
                               f"output {slot}={name!r} declared with shape {_fmt_shape(var.shape)}",
@@ -379,26 +551,47 @@ def collect_problems(program: Program, *, role: str | None = None) -> list[Probl
     return _ProgramChecker(program, role).run()
 
 
-class VerifyCache:
-    """The problems of programs already verified, reused while a program is unchanged.
+@dataclass(frozen=True)
+class _Verified:
+    program: Program
+    structure: tuple[tuple[int, int, int], ...]
+    role: str | None
+    seen: _Seen
+    problems: list[Problem]
 
-    A pipeline re-verifies every program of its set after each pass, but a pass changes a few of them;
-    verifying an unchanged program again would find the same problems. ``Program.version`` grows on
-    every change made through the IR's methods (see ``ir.core``); the block list, which readers of the
-    text and protobuf forms build directly, is part of the key as well. Only for programs changed
-    through those methods (a pipeline of passes), not for tests that edit private fields."""
+
+class VerifyCache:
+    """The problems of programs already verified, reused while a program is unchanged, and what was
+    clean in them, re-checked only where it changed.
+
+    A pipeline re-verifies every program of its set after each pass, but a pass changes a few of them,
+    and those often only in part (a pass appends ops, renames some variables); checking what did not
+    change again would find the same problems. ``Program.version`` grows on every change made through
+    the IR's methods, each op records the version of its last change and the program the version of
+    each variable's (see ``ir.core``); the block list, which readers of the text and protobuf forms
+    build directly, is part of the key as well (a different one, or another role, means checking from
+    scratch). For the same reason the shape check takes the inference ``Block.infer_op_shapes`` recorded
+    on an op (``append_op`` runs it) while the op is unchanged and reads the same variables, instead of
+    inferring again. Only for programs changed through those methods (a pipeline of passes), not for
+    tests that edit private fields: ``collect_problems`` and ``verify`` take nothing on trust."""
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[Program, tuple[Any, ...], str | None, list[Problem]]] = {}
+        self._entries: dict[int, _Verified] = {}
 
     def problems(self, program: Program, *, role: str | None = None) -> list[Problem]:
-        """``collect_problems(program, role=role)``, from the cache when ``program`` is unchanged."""
-        key = (program.version, tuple((id(b), b.idx, b.parent_idx) for b in program.blocks))
+        """``collect_problems(program, role=role)``: from the cache when ``program`` is unchanged, checking
+        only what changed when it was verified before."""
+        structure = tuple((id(b), b.idx, b.parent_idx) for b in program.blocks)
         entry = self._entries.get(id(program))
-        if entry is not None and entry[0] is program and entry[1] == key and entry[2] == role:
-            return list(entry[3])
-        found = collect_problems(program, role=role)
-        self._entries[id(program)] = (program, key, role, list(found))
+        seen = None
+        if entry is not None and entry.program is program and entry.structure == structure and entry.role == role:
+            if entry.seen.version == program.version:
+                return list(entry.problems)
+            seen = entry.seen
+        version = program.version
+        checker = _ProgramChecker(program, role, seen, trust_versions=True)
+        found = checker.run()
+        self._entries[id(program)] = _Verified(program, structure, role, _Seen(version, checker.clean), list(found))
         return found
 
 
@@ -665,22 +858,22 @@ class _SetChecker:
                 if isinstance(var, Parameter) and var.trainable and name not in params:
                     params[name] = (role, main, var)
 
+            distributed = {name for name, var in gblock.vars.items()
+                           if isinstance(var, Parameter) and var.is_distributed}
             for block in main.blocks:
                 for op in block.ops:
-                    role_var = op.role_var
                     if op.type == "send":
-                        for name in role_var[0::2]:
+                        for name in op.role_var[0::2]:
                             consider(name)
                     elif op.type == "recv":
                         for name in list(op.attrs.get("recv_varnames") or op.output("Out")):
                             consider(name)
-                    for p, g in zip(role_var[0::2], role_var[1::2]):
-                        var = gblock.find_var_recursive(p)
-                        if isinstance(var, Parameter) and var.is_distributed:
-                            tables.update((p, g))
-            for name, var in gblock.vars.items():
-                if isinstance(var, Parameter) and var.is_distributed:
-                    tables.add(name)
+                    if distributed:  # a table's gradient is named beside it, by the ops working on both
+                        role_var = op.role_var
+                        for p, g in zip(role_var[0::2], role_var[1::2]):
+                            if p in distributed:
+                                tables.update((p, g))
+            tables |= distributed
         return params, tables
 
     def _optimized(self) -> dict[str, list[_Held]]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ir.core import Block, Operator, Program, Variable, copy_op
 from ir.names import TRAINER_ID_VAR, block_name, dc_asgd_backup_name, dc_asgd_local_name, dc_asgd_temp_name
@@ -45,6 +46,28 @@ from passes.optimizer_ops import ACCUMULATOR_SLOTS, is_optimizer_op, lr_ops, opt
 from passes.pass_base import Pass, PassContext, PassError
 
 
+class _OriginOps(NamedTuple):
+    lr: list[Operator]
+    chains: dict[str, list[Operator]]  # parameter -> its optimize ops, in program order
+    updates: list[tuple[str, ParamPlan]]  # (parameter, its plan) of each optimizer op on a planned parameter
+
+    @classmethod
+    def of(cls, origin: Program, plan: DistPlan) -> "_OriginOps":
+        opt_ops = optimize_ops(origin)
+        chains: dict[str, list[Operator]] = {}
+        for op in opt_ops:
+            rv = op.role_var
+            if rv:
+                chains.setdefault(rv[0], []).append(op)
+        updates = []
+        for op in opt_ops:
+            if is_optimizer_op(op):
+                param = op.input("Param")[0]
+                if plan.has_param(param):
+                    updates.append((param, plan.param_plan(param)))
+        return cls([] if plan.geo_sgd else lr_ops(origin), chains, updates)
+
+
 @dataclass(frozen=True)
 class PserverProgram(Pass):
     """See the module docstring."""
@@ -53,11 +76,13 @@ class PserverProgram(Pass):
 
     def run(self, programs: ProgramSet, ctx: PassContext) -> bool:
         plan = ctx.require_placed(self.name)
+        # The input's optimize and learning-rate ops, found once for every endpoint.
+        origin_ops = _OriginOps.of(ctx.origin_main, plan)
         for ep in plan.pservers:
-            programs.add(ProgramRole.pserver(ep), self.build(ctx, plan, ep), Program())
+            programs.add(ProgramRole.pserver(ep), self.build(ctx, plan, ep, origin_ops), Program())
         return True
 
-    def build(self, ctx: PassContext, plan: DistPlan, ep: str) -> Program:
+    def build(self, ctx: PassContext, plan: DistPlan, ep: str, origin_ops: _OriginOps) -> Program:
         origin = ctx.origin_main
         ob = origin.global_block()
         prog = Program()
@@ -95,30 +120,19 @@ class PserverProgram(Pass):
                 inputs.append(gb.name)
         opt_blocks: list[int] = []
         lr_block = -1
-        lrs = [] if plan.geo_sgd else lr_ops(origin)  # Geo-SGD: every optimizer runs on the trainers
+        lrs = origin_ops.lr  # none with Geo-SGD: every optimizer runs on the trainers
         if lrs:
             lr_block = self._lr_block(origin, prog, lrs)
             opt_blocks.append(lr_block)
         pre_block = prog.num_blocks - 1
         grad_to_block: list[str] = []
         sparse_to_param: list[str] = []
-        opt_ops = optimize_ops(origin)
-        chains: dict[str, list[Operator]] = {}  # parameter -> its optimize ops, in program order
-        for op in opt_ops:
-            rv = op.role_var
-            if rv:
-                chains.setdefault(rv[0], []).append(op)
+        chains = origin_ops.chains
         owned_blocks: dict[str, list[int]] = {}
         for owned_pp, i in owned:
             owned_blocks.setdefault(owned_pp.param, []).append(i)
-        for op in opt_ops:
-            if not is_optimizer_op(op):
-                continue
-            param = op.input("Param")[0]
-            if not plan.has_param(param):
-                continue
-            pp = plan.param_plan(param)
-            for i in owned_blocks.get(param, []):
+        for param, pp in origin_ops.updates:
+            for i in owned_blocks.get(param, ()):
                 blk = prog.create_block(pre_block)
                 prog.rollback()
                 opt_blocks.append(blk.idx)

@@ -45,7 +45,8 @@ from passes.rpc_builders import (control_var, geo_state_vars, geo_table_state_va
 
 def remove_unused_vars(block: Block) -> None:
     """Drop variables no op of the program uses, except parameters and fed data."""
-    used = {n for b in block.program.blocks for op in b.ops for n in op.input_arg_names + op.output_arg_names}
+    used = {n for b in block.program.blocks for op in b.ops for table in (op.inputs, op.outputs)
+            for names in table.values() for n in names}
     for name, var in list(block.vars.items()):
         if name not in used and not isinstance(var, Parameter) and not var.is_data:
             block.remove_var(name)

@@ -177,10 +177,11 @@ class InferContext:
 
     def set_output(self, slot: str, infos: VarInfo | Sequence[VarInfo]) -> None:
         """Set the outputs of ``slot``; one VarInfo applies to every variable in the slot."""
-        if not self.has_output(slot):
+        count = self._output_counts.get(slot, 0)
+        if count <= 0:
             return
         if isinstance(infos, VarInfo):
-            infos = [infos] * self._output_counts[slot]
+            infos = [infos] * count
         self.outputs[slot] = list(infos)
 
     def fail(self, message: str) -> None:
@@ -231,9 +232,47 @@ class OpDef:
     doc: str = ""
     forward_type: str | None = None  # set on generated grad ops
     _attr_map: dict[str, AttrDef] = field(default_factory=dict, compare=False, repr=False)
+    # Derived once from the fields above, for the checks every op construction and verification
+    # repeats (hundreds of thousands of times for a large program): the attribute names in sorted
+    # (stored) order, the input and output slot names, and the attributes that hold block references.
+    _sorted_attr_names: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
+    _input_names: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
+    _output_names: frozenset[str] = field(default=frozenset(), init=False, compare=False, repr=False)
+    _block_attrs: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
+    # Every attribute in sorted order with its stored default (REQUIRED where it has none); the
+    # attributes whose default is a list (a fresh copy per op); those without a default.
+    _attr_defaults: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _list_defaults: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
+    _required_attrs: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
+    # (name, dispensable, duplicable) of each input and output slot; (name, kind, exact-type test of
+    # the kind's common values) of each attribute.
+    _input_rules: tuple[tuple[str, bool, bool], ...] = field(default=(), init=False, compare=False, repr=False)
+    _output_rules: tuple[tuple[str, bool, bool], ...] = field(default=(), init=False, compare=False, repr=False)
+    _attr_checks: tuple[tuple[str, AttrKind, frozenset[type] | None, Callable[[Any], bool]], ...] = field(
+        default=(), init=False, compare=False, repr=False)
+    # name -> (kind, its exact-type test, its normalizer or None where a valid value is stored as is)
+    _attr_specs: dict[str, tuple[AttrKind, Callable[[Any], bool], Callable[[Any], Any] | None]] = field(
+        default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self._attr_map.update({a.name: a for a in self.attrs})
+        defaults = {a.name: a.default if a.default is REQUIRED else normalize_attr_value(a.kind, a.default)
+                    for a in sorted(self.attrs, key=lambda a: a.name)}
+        self._attr_defaults.update(defaults)
+        self._attr_specs.update({a.name: (a.kind, _FAST_OK[a.kind], _NORMALIZERS.get(a.kind)) for a in self.attrs})
+        derived = {
+            "_sorted_attr_names": tuple(sorted(self._attr_map)),
+            "_input_names": frozenset(s.name for s in self.inputs),
+            "_output_names": frozenset(s.name for s in self.outputs),
+            "_block_attrs": tuple(a.name for a in self.attrs if a.kind in (AttrKind.BLOCK, AttrKind.BLOCKS)),
+            "_list_defaults": tuple(n for n, v in defaults.items() if isinstance(v, list)),
+            "_required_attrs": tuple(n for n, v in defaults.items() if v is REQUIRED),
+            "_input_rules": tuple((s.name, s.dispensable, s.duplicable) for s in self.inputs),
+            "_output_rules": tuple((s.name, s.dispensable, s.duplicable) for s in self.outputs),
+            "_attr_checks": tuple((a.name, a.kind, _EXACT_TYPES.get(a.kind), _FAST_OK[a.kind]) for a in self.attrs),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def input_slot(self, name: str) -> Slot | None:
         return next((s for s in self.inputs if s.name == name), None)
@@ -422,6 +461,8 @@ def suggest(name: str, candidates: Iterable[str]) -> str | None:
 
 def check_attr_value(kind: AttrKind, value: Any) -> str | None:
     """None if ``value`` is a valid value of ``kind``, else what is wrong with it."""
+    if _FAST_OK[kind](value):
+        return None
     element = _ELEMENT.get(kind)
     if element is not None:
         if not isinstance(value, (list, tuple)):
@@ -434,6 +475,13 @@ def check_attr_value(kind: AttrKind, value: Any) -> str | None:
     return None if _SCALAR_OK[kind](value) else f"expected {kind.value}, got {type(value).__name__} {value!r}"
 
 
+def attr_value_ok(kind: AttrKind, value: Any) -> bool:
+    """``check_attr_value(kind, value) is None``, without building a message."""
+    return _FAST_OK[kind](value) or check_attr_value(kind, value) is None
+
+
+_INT_RANGE = (-(2**63), 2**63)
+
 _SCALAR_OK: dict[AttrKind, Callable[[Any], bool]] = {
     AttrKind.BOOL: lambda v: isinstance(v, bool),
     AttrKind.INT: lambda v: isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63,
@@ -441,6 +489,51 @@ _SCALAR_OK: dict[AttrKind, Callable[[Any], bool]] = {
     AttrKind.STRING: lambda v: isinstance(v, str),
     AttrKind.BLOCK: lambda v: isinstance(v, BlockRef),
 }
+
+
+# The scalar kinds whose valid values are exactly the values of these types (ints have a range too).
+_EXACT_TYPES: dict[AttrKind, frozenset[type]] = {
+    AttrKind.BOOL: frozenset({bool}), AttrKind.FLOAT: frozenset({int, float}), AttrKind.STRING: frozenset({str}),
+    AttrKind.BLOCK: frozenset({BlockRef}),
+}
+
+
+def _fast_checks() -> dict[AttrKind, Callable[[Any], bool]]:
+    """Per kind, a test by exact type that accepts the common valid values (``int``, ``float``, ``str``,
+    ``bool``, ``BlockRef`` and lists or tuples of them) and only valid ones; what it does not accept
+    goes to the full check, which says what is wrong. (Subclasses such as ``IntEnum`` take that path.)"""
+    lo, hi = _INT_RANGE
+    exact = _EXACT_TYPES
+
+    def scalar(types: frozenset[type]) -> Callable[[Any], bool]:
+        return lambda v: type(v) in types
+
+    def listed(types: frozenset[type]) -> Callable[[Any], bool]:
+        def ok(value: Any) -> bool:
+            if type(value) is not list and type(value) is not tuple:
+                return False
+            for v in value:
+                if type(v) not in types:
+                    return False
+            return True
+        return ok
+
+    def ints(value: Any) -> bool:
+        if type(value) is not list and type(value) is not tuple:
+            return False
+        for v in value:
+            if type(v) is not int or not lo <= v < hi:
+                return False
+        return True
+
+    checks: dict[AttrKind, Callable[[Any], bool]] = {kind: scalar(types) for kind, types in exact.items()}
+    checks[AttrKind.INT] = lambda v: type(v) is int and lo <= v < hi
+    checks.update({kind: listed(exact[element]) for kind, element in _ELEMENT.items() if element in exact})
+    checks[AttrKind.INTS] = ints
+    return checks
+
+
+_FAST_OK = _fast_checks()
 
 
 def normalize_attr_value(kind: AttrKind, value: Any) -> Any:
@@ -453,6 +546,14 @@ def normalize_attr_value(kind: AttrKind, value: Any) -> Any:
     if kind is AttrKind.FLOAT:
         return float(value)
     return value
+
+
+# The kinds whose valid values ``normalize_attr_value`` changes (lists become lists, ints floats); the
+# others are stored as given.
+_NORMALIZERS: dict[AttrKind, Callable[[Any], Any]] = {
+    kind: (lambda v, kind=kind: normalize_attr_value(kind, v)) for kind in AttrKind
+    if kind.is_list or kind is AttrKind.FLOAT
+}
 
 
 def attr_kind_of_value(value: Any) -> AttrKind:
