@@ -32,6 +32,12 @@ def regression() -> tuple[object, object]:
     return pred, fluid.layers.mean(fluid.layers.square_error_cost(input=pred, label=y))
 
 
+def regression_batch(rows: int = 64) -> dict[str, np.ndarray]:
+    """A batch of ``y = x . [1, -2, 0.5, 3]`` for ``regression()``."""
+    xs = np.random.RandomState(0).normal(size=(rows, 4)).astype("float32")
+    return {"x": xs, "y": xs @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32")}
+
+
 def minimized(fleet: object, role_maker: object, strategy: object = None) -> tuple[fluid.Program, fluid.Program]:
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
@@ -55,11 +61,8 @@ def test_local_job_trains_the_single_machine_programs(tmp_path: pathlib.Path) ->
         exe = fluid.Executor(fluid.CPUPlace())
         fleet.init_worker()
         exe.run(fleet.startup_program)
-        rng = np.random.RandomState(0)
-        xs = rng.normal(size=(64, 4)).astype("float32")
-        ys = xs @ np.array([[1.0], [-2.0], [0.5], [3.0]], "float32")
-        losses = [float(exe.run(fleet.main_program, feed={"x": xs, "y": ys}, fetch_list=[loss])[0][0])
-                  for _ in range(30)]
+        feed = regression_batch()
+        losses = [float(exe.run(fleet.main_program, feed=feed, fetch_list=[loss])[0][0]) for _ in range(30)]
         assert losses[-1] < losses[0] / 10
         fleet.save_inference_model(exe, str(tmp_path / "model"), ["x"], [pred])
         fleet.save_persistables(exe, str(tmp_path / "ckpt"))
