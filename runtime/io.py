@@ -436,7 +436,7 @@ def save_persistables(executor: Any, dirname: str, main_program: Program | None 
         _executor(executor).rpc_session.client(dist.id).checkpoint(dist.endpoints, name)
         present = scope if scope is not None else _global_scope()
         local = [v for v in _trainer_local_vars(program) if present.find_var(v.name) is not None]
-        base = os.path.join(root, name) if root else dirname
+        base = name if os.path.isabs(name) else os.path.join(root or "", name)
         save_vars(executor, _part_dir(base, dist), program, vars=local, filename=filename, scope=scope)
 
 
@@ -459,21 +459,18 @@ def load_persistables(executor: Any, dirname: str, main_program: Program | None 
 
 
 def checkpoint_name(dirname: str, root: str | None) -> str:
-    """The name a trainer sends in CheckpointNotify for ``dirname``: its path relative to the checkpoint
-    root (``FLOTILLA_CHECKPOINT_ROOT``), which the pservers share; a relative ``dirname`` is already one."""
+    """The name a trainer sends in CheckpointNotify for ``dirname``: relative to the checkpoint root
+    (``FLOTILLA_CHECKPOINT_ROOT``, which the pservers share) when it is set and ``dirname`` lies under it
+    or is relative; otherwise the absolute path, which the pservers take as it is (as Fluid did)."""
     if not dirname:
         raise ExecutionError("save_persistables got an empty dirname", hint="name the checkpoint directory")
+    if root is None:
+        return os.path.abspath(dirname)
     if not os.path.isabs(dirname):
         return os.path.normpath(dirname)
-    if root is None:
-        raise ExecutionError(f"cannot checkpoint a distributed job into {dirname!r}: the pservers save only under "
-                             "their checkpoint root, and FLOTILLA_CHECKPOINT_ROOT is not set here",
-                             hint="set FLOTILLA_CHECKPOINT_ROOT (the same directory for every process of the job) "
-                                  "and save under it, or pass a path relative to it")
     real_root, real = os.path.realpath(root), os.path.realpath(dirname)
     if os.path.commonpath([real_root, real]) != real_root or real == real_root:
-        raise ExecutionError(f"cannot checkpoint into {dirname!r}: it is not below the checkpoint root {root!r}",
-                             hint="save under FLOTILLA_CHECKPOINT_ROOT, or pass a path relative to it")
+        return os.path.normpath(dirname)
     return os.path.relpath(real, real_root)
 
 
