@@ -72,7 +72,8 @@ ARCHIVE_MAGIC = b"FLOTARC\0"
 _PREFIX = struct.Struct("<8sII")  # magic, version, header/index length
 
 __all__ = [
-    "FORMAT_VERSION", "check_declared", "decode_var", "encode_var", "is_parameter", "is_persistable",
+    "FORMAT_VERSION", "check_declared", "decode_var", "describe_checkpoint", "encode_var", "is_parameter",
+    "is_persistable",
     "load_params", "load_persistables", "load_vars", "name_from_filename", "read_archive", "read_var_file",
     "save_params", "save_persistables", "save_vars", "var_filename", "write_archive", "write_var_file",
 ]
@@ -508,12 +509,17 @@ def save_checkpoint_part(executor: Any, path: str, main_program: Program, vars: 
     try:
         os.makedirs(parent, exist_ok=True)
         os.mkdir(tmp)
-        save_vars(executor, tmp, main_program, vars=vars, filename=filename, scope=scope)
+        chosen = _select(main_program, vars, None)
+        save_vars(executor, tmp, main_program, vars=chosen, filename=filename, scope=scope)
         files = {}
         for entry in sorted(os.listdir(tmp)):
             size, sha = _digest(os.path.join(tmp, entry))
             files[entry] = {"sha256": sha, "size": size}
-        manifest = json.dumps({"files": files, "format": MANIFEST_FORMAT}, indent=1, sort_keys=True).encode()
+        where = {v.name: filename or var_filename(v.name) for v in chosen}
+        layouts = slice_layouts(main_program, chosen)
+        described = {n: {"file": where[n], **({"slice": layouts[n]} if n in layouts else {})} for n in where}
+        manifest = json.dumps({"files": files, "format": MANIFEST_FORMAT, "vars": described}, indent=1,
+                              sort_keys=True).encode()
         _write_atomic(os.path.join(tmp, MANIFEST), manifest, True, MANIFEST)
         _fsync_dir(tmp)
         old = None
@@ -566,6 +572,101 @@ def load_checkpoint_part(executor: Any, path: str, main_program: Program, vars: 
     """Verify the checkpoint part at ``path`` (``verify_checkpoint_part``), then load ``vars`` from it."""
     verify_checkpoint_part(path)
     load_vars(executor, path, main_program, vars=vars, filename=filename, scope=scope)
+
+
+def slice_layouts(program: Program, variables: Iterable[Variable]) -> dict[str, dict[str, Any]]:
+    """How each of ``variables`` of a pserver program relates to a whole variable of the job's original
+    program, so that a checkpoint part says by itself what it holds (its manifest's ``"slice"``):
+
+    - ``{"of": W, "how": "rows", "offset": k}``: rows ``k ..`` of ``W`` (a sliced parameter or accumulator);
+    - ``{"of": W, "how": "mod", "index": i}``: shard ``i`` of ``n`` of the distributed table ``W`` (or of an
+      accumulator shaped like it): local row ``j`` is global row ``j * n + i``, ``n`` being the number of
+      shards the checkpoint holds;
+    - ``{"of": W, "how": "copy"}``: a per-slice copy of the whole ``W`` (e.g. a sliced parameter's Adam
+      beta powers).
+
+    A variable not listed is whole, under its own name."""
+    block = program.global_block()
+    out: dict[str, dict[str, Any]] = {}
+    tables = {}
+    for v in variables:
+        if v.slice_of and v.is_parameter and getattr(v, "is_distributed", False):
+            out[v.name] = {"of": v.slice_of, "how": "mod", "index": int(v.slice_index or 0)}
+            tables[v.name] = v
+        elif v.slice_of:
+            out[v.name] = {"of": v.slice_of, "how": "rows", "offset": int(v.slice_offset or 0)}
+        elif v.copy_of and v.trainer_id is None:
+            out[v.name] = {"of": v.copy_of, "how": "copy"}
+    names = {v.name for v in variables}
+    for blk in program.blocks:
+        for op in blk.ops:
+            params = op.input("Param")
+            if len(params) != 1 or params[0] not in tables:
+                continue
+            table = tables[params[0]]
+            for slot, args in op.inputs.items():
+                for n in args:
+                    if slot in ("Param", "Grad") or n not in names or n in out or not block.has_var(n):
+                        continue
+                    if tuple(block.var(n).shape) == tuple(table.shape):
+                        out[n] = {"of": n, "how": "mod", "index": out[table.name]["index"]}
+    return out
+
+
+def _headers(path: str) -> list[dict[str, Any]]:
+    """The record headers (name, type, dtype, shape, ...) of a variable file or archive, payloads unread
+    beyond what the archive index needs."""
+    data = memoryview(_read_file(path, os.path.basename(path), "file"))
+    if bytes(data[:8]) == ARCHIVE_MAGIC:
+        index_len, start = _read_prefix(data, ARCHIVE_MAGIC, "<archive>", path, "archive")
+        body = data[start + index_len:]
+        entries = _json(data[start:start + index_len], "<archive>", path, "archive index").get("vars") or []
+        records = [body[e["offset"]:e["offset"] + e["length"]] for e in entries if isinstance(e, dict)]
+    else:
+        records = [data]
+    out = []
+    for rec in records:
+        head_len, start = _read_prefix(rec, VAR_MAGIC, os.path.basename(path), path, "variable record")
+        out.append(_json(rec[start:start + head_len], os.path.basename(path), path, "header"))
+    return out
+
+
+def _part_dirs(dirname: str) -> list[str]:
+    """The parts of a distributed checkpoint (``pserver_<i>``, ``trainer_<i>``), pservers first, by id;
+    empty for a single-machine checkpoint."""
+    def key(entry: str) -> tuple[int, int]:
+        kind, _, num = entry.partition("_")
+        return (0 if kind == "pserver" else 1, int(num))
+
+    found = [e for e in os.listdir(dirname) if os.path.isdir(os.path.join(dirname, e))
+             and e.partition("_")[0] in ("pserver", "trainer") and e.partition("_")[2].isdigit()]
+    return sorted(found, key=key)
+
+
+def describe_checkpoint(dirname: str) -> list[dict[str, Any]]:
+    """What the checkpoint at ``dirname`` holds, one entry per variable (``part``, ``file``, ``name``,
+    ``type``, ``dtype``, ``shape``, ``slice``), after verifying every part that has a manifest
+    (``verify_checkpoint_part``: ExecutionError naming the torn or tampered file). ``dirname`` is a whole
+    distributed checkpoint (``pserver_<i>``/``trainer_<i>`` parts), one part, or a single-machine save."""
+    if not os.path.isdir(dirname):
+        raise ExecutionError(f"checkpoint {dirname} is not a directory",
+                             hint="name the directory save_persistables wrote")
+    parts = _part_dirs(dirname) or [""]
+    rows = []
+    for part in parts:
+        path = os.path.join(dirname, part)
+        manifest = verify_checkpoint_part(path) if os.path.isfile(os.path.join(path, MANIFEST)) else None
+        described = (manifest or {}).get("vars") or {}
+        for entry in sorted(os.listdir(path)):
+            file = os.path.join(path, entry)
+            if entry == MANIFEST or not os.path.isfile(file) or manifest is not None and entry not in manifest["files"]:
+                continue
+            for head in _headers(file):
+                name = head.get("name")
+                rows.append({"part": part, "file": entry, "name": name, "type": head.get("type"),
+                             "dtype": head.get("dtype"), "shape": head.get("shape"),
+                             "slice": (described.get(name) or {}).get("slice")})
+    return rows
 
 
 def pserver_checkpoint_vars(program: Program) -> list[Variable]:
