@@ -399,6 +399,10 @@ def load_vars(executor: Any, dirname: str, main_program: Program | None = None, 
               scope: Scope | None = None) -> None:
     """Load what ``save_vars`` with the same arguments saved into ``scope`` (default
     ``runtime.global_scope()``), checking each value against its declaration in ``main_program``."""
+    if filename is None and is_distributed_checkpoint(dirname):
+        program = main_program if main_program is not None else default_main_program()
+        load_assembled(executor, dirname, _select(program, vars, predicate), scope=scope)
+        return
     _run_io_ops(executor, dirname, main_program, vars, predicate, filename, scope, "load", "outputs")
 
 
@@ -667,6 +671,101 @@ def describe_checkpoint(dirname: str) -> list[dict[str, Any]]:
                              "dtype": head.get("dtype"), "shape": head.get("shape"),
                              "slice": (described.get(name) or {}).get("slice")})
     return rows
+
+
+def is_distributed_checkpoint(dirname: str) -> bool:
+    """Whether ``dirname`` holds the parts a distributed job saved (a ``pserver_<i>`` with a manifest)."""
+    return os.path.isdir(dirname) and any(
+        p.startswith("pserver_") and os.path.isfile(os.path.join(dirname, p, MANIFEST)) for p in _part_dirs(dirname))
+
+
+def assemble_checkpoint(dirname: str) -> dict[str, tuple[Any, str]]:
+    """Every variable of the distributed checkpoint at ``dirname`` made whole, by name, with the file it
+    came from (for errors): slices joined by their row offsets, table shards interleaved (shard ``i`` of
+    ``n`` holds global row ``j * n + i`` at local row ``j``; the result has ``n * shard rows`` rows, the
+    caller trims it to the declared height), per-slice copies taken once, trainer state as saved. Every
+    pserver part is verified first (``verify_checkpoint_part``)."""
+    whole: dict[str, tuple[Any, str]] = {}
+    rows: dict[str, list[tuple[int, Any, str]]] = {}
+    shards: dict[str, list[tuple[int, Any, str]]] = {}
+    for part in _part_dirs(dirname):
+        path = os.path.join(dirname, part)
+        if not os.path.isfile(os.path.join(path, MANIFEST)):
+            for entry in sorted(os.listdir(path)):
+                file = os.path.join(path, entry)
+                if os.path.isfile(file):
+                    whole.setdefault(name_from_filename(entry), (read_var_file(file, name_from_filename(entry)), file))
+            continue
+        manifest = verify_checkpoint_part(path)
+        described = manifest.get("vars")
+        if not isinstance(described, dict):
+            raise ExecutionError(f"checkpoint part {path} does not say what its files hold (its {MANIFEST} has no "
+                                 "'vars'): it was saved by an older Flotilla",
+                                 hint="load it into the job that saved it (same number of pservers)")
+        for name, desc in sorted(described.items()):
+            file = os.path.join(path, desc["file"])
+            value = (read_var_file(file, name) if desc["file"] == var_filename(name)
+                     else read_archive(file, [name])[name])
+            layout = desc.get("slice") or {}
+            how, of = layout.get("how"), layout.get("of", name)
+            if how == "rows":
+                rows.setdefault(of, []).append((int(layout["offset"]), value, file))
+            elif how == "mod":
+                shards.setdefault(of, []).append((int(layout["index"]), value, file))
+            elif how == "copy":
+                whole.setdefault(of, (value, file))
+            else:
+                whole.setdefault(name, (value, file))
+    for of, pieces in rows.items():
+        pieces.sort(key=lambda p: p[0])
+        at = 0
+        for offset, value, file in pieces:
+            if offset != at:
+                raise ExecutionError(f"checkpoint {dirname}: the slices of {of!r} do not join: {file} starts at row "
+                                     f"{offset}, expected {at}", hint="a part of the checkpoint is missing")
+            at += np.shape(value)[0]
+        whole[of] = (np.concatenate([np.asarray(v) for _, v, _ in pieces]), dirname)
+    for of, pieces in shards.items():
+        pieces.sort(key=lambda p: p[0])
+        n = len(pieces)
+        if [i for i, _, _ in pieces] != list(range(n)):
+            raise ExecutionError(f"checkpoint {dirname}: table {of!r} has shards {[i for i, _, _ in pieces]}, "
+                                 f"expected 0..{n - 1}", hint="a pserver part of the checkpoint is missing")
+        first = np.asarray(pieces[0][1])
+        table = np.zeros((n * first.shape[0], *first.shape[1:]), dtype=first.dtype)
+        for i, value, _ in pieces:
+            table[i::n] = np.asarray(value)
+        whole[of] = (table, dirname)
+    return whole
+
+
+def load_assembled(executor: Any, dirname: str, variables: Sequence[Variable], *, scope: Scope | None = None) -> None:
+    """Load ``variables`` whole from the distributed checkpoint at ``dirname`` (``assemble_checkpoint``)
+    into ``scope``, each checked against its declaration; a table keeps its declared rows."""
+    import jax
+
+    from runtime.x64 import x64
+
+    held = assemble_checkpoint(dirname)
+    values = []
+    for var in variables:
+        if var.name not in held:
+            raise ExecutionError(f"cannot load variable {var.name!r}: the checkpoint {dirname} holds no part of it",
+                                 hint=f"it holds {sorted(held)[:20]}; load a checkpoint of this model")
+        value, path = held[var.name]
+        if isinstance(value, np.ndarray) and value.ndim and var.shape and 0 <= var.shape[0] < value.shape[0]:
+            value = value[: var.shape[0]]  # a table's shards pad it to a multiple of the pservers
+        check_declared(var, value, path)
+        values.append((var.name, value))
+    target = scope if scope is not None else _global_scope()
+    device = getattr(_executor(executor), "device", None)
+    with x64():
+        for name, value in values:
+            if isinstance(value, SelectedRows):
+                target.set_var(name, SelectedRows(jax.device_put(value.rows, device),
+                                                  jax.device_put(value.values, device), value.height))
+            else:
+                target.set_var(name, jax.device_put(np.asarray(value), device))
 
 
 def pserver_checkpoint_vars(program: Program) -> list[Variable]:

@@ -1,7 +1,8 @@
 """Checkpoints of real pserver jobs (issue 21): saved anywhere the job names, loaded anywhere.
 
 A trainer names its checkpoint by an absolute path without any checkpoint root, as in Fluid; the files
-land there and load back into the pservers.
+land there and load back into the pservers. A checkpoint of a 2-pserver job (a sliced fc_w, a
+distributed table, Adam's accumulators) loads into the single-machine program, whole.
 """
 from __future__ import annotations
 
@@ -15,21 +16,22 @@ import numpy as np
 import pytest
 
 from runtime import io
+from runtime.x64 import x64
 from tests.runtime.rpc import ps_worker
-from tests.runtime.rpc.test_ps_training import Cluster, clusters, run_ok  # noqa: F401 (fixture)
+from tests.runtime.rpc.test_ps_training import Cluster, clusters, gather_table, run_ok  # noqa: F401 (fixture)
 
 TRAINERS = 2
 
 
-def programs(model: str, endpoints: list[str], trainers: int = TRAINERS) -> Any:
+def programs(model: str, endpoints: list[str], trainers: int = TRAINERS, opt: str = "sgd") -> Any:
     """The transpiler the cluster's processes used (same model, endpoints and trainers)."""
-    args = argparse.Namespace(model=model, opt="sgd", lr="const", geo=0, async_mode=False)
+    args = argparse.Namespace(model=model, opt=opt, lr="const", geo=0, async_mode=False)
     role = SimpleNamespace(trainer_id=0, pservers=",".join(endpoints), trainers=trainers)
     return ps_worker.transpiler(args, role)
 
 
 def saved_job(tmp_path: pathlib.Path, clusters: list[Cluster], monkeypatch: pytest.MonkeyPatch, model: str,
-              pservers: int) -> tuple[Cluster, pathlib.Path]:
+              pservers: int, opt: str = "sgd") -> tuple[Cluster, pathlib.Path]:
     """A sync job of ``pservers`` x 2 trainers that trains 3 steps and saves at the end into an absolute
     directory, with no FLOTILLA_CHECKPOINT_ROOT anywhere."""
     monkeypatch.delenv("FLOTILLA_CHECKPOINT_ROOT", raising=False)
@@ -37,7 +39,7 @@ def saved_job(tmp_path: pathlib.Path, clusters: list[Cluster], monkeypatch: pyte
     out = tmp_path / "job"
     out.mkdir()
     c = run_ok(clusters, out, pservers, TRAINERS,
-               ["--model", model, "--steps", "3", "--save-at", "3", "--ckpt", str(ckpt)])
+               ["--model", model, "--opt", opt, "--steps", "3", "--save-at", "3", "--ckpt", str(ckpt)])
     return c, ckpt
 
 
@@ -54,3 +56,39 @@ def test_a_trainer_saves_into_any_absolute_directory(tmp_path: pathlib.Path, clu
     io.load_persistables(exe, str(ckpt), prog, scope=scope)
     final = np.load(c.out / "pserver_0.npz")
     assert set(final.files) and all(np.array_equal(scope.numpy(n), final[n]) for n in final.files)
+
+
+def predictions(main: Any, scope: Any) -> np.ndarray:
+    """The model's outputs on trainer 0's batches, by the inference clone of ``main``."""
+    import runtime
+
+    infer = main.clone(for_test=True)
+    (pred,) = [op.output("Out")[0] for op in infer.global_block().ops if op.type == "elementwise_add"][-1:]
+    exe = runtime.Executor()
+    return np.concatenate([np.asarray(exe.run(infer, feed=ps_worker.batch("table", 0, step), fetch_list=[pred],
+                                              scope=scope)[0]) for step in range(3)])
+
+
+def test_a_distributed_checkpoint_loads_into_the_single_machine_program(
+        tmp_path: pathlib.Path, clusters: list[Cluster], monkeypatch: pytest.MonkeyPatch) -> None:
+    import runtime
+
+    c, ckpt = saved_job(tmp_path, clusters, monkeypatch, "table", 2, opt="adam")
+    main, startup = ps_worker.build("table", "adam", "const")
+    exe, scope = runtime.Executor(), runtime.Scope()
+    exe.run(startup, scope=scope)
+    io.load_persistables(exe, str(ckpt), main, scope=scope)
+    # what the trainer held after its last step, and the table the pservers ended with
+    held = {**dict(np.load(c.out / "trainer_0.npz")), "table": gather_table(c.out, 2, "")}
+    for name, value in held.items():
+        np.testing.assert_array_equal(scope.numpy(name), value, err_msg=name)
+    # every persistable came from the checkpoint, Adam's sliced and sharded moments included
+    assert scope.numpy("fc_w_moment1_0").shape == (ps_worker.DIM + ps_worker.EMB, ps_worker.HIDDEN)
+    assert scope.numpy("table_moment1_0").shape == (ps_worker.TABLE_ROWS, ps_worker.EMB)
+    assert np.any(scope.numpy("table_moment1_0") != 0)
+    reference = runtime.Scope()
+    exe.run(startup, scope=reference)
+    with x64():
+        for name, value in held.items():
+            reference.set_var(name, value)
+    np.testing.assert_allclose(predictions(main, scope), predictions(main, reference), rtol=1e-12)
