@@ -448,14 +448,21 @@ def save_persistables(executor: Any, dirname: str, main_program: Program | None 
 def load_persistables(executor: Any, dirname: str, main_program: Program | None = None,
                       filename: str | None = None, *, scope: Scope | None = None) -> None:
     """Load every persistable variable of ``main_program``; on a transpiled program, this process's part
-    of what ``save_persistables`` saved (a pserver's slices, a trainer's local state when saved)."""
+    of what ``save_persistables`` saved (a pserver's slices, a trainer's local state when saved). A
+    pserver of a job with another number of pservers than saved the checkpoint cuts its slices out of the
+    assembled variables (``load_resliced``); a program that is not transpiled, given a distributed
+    checkpoint, loads every variable whole (``load_assembled``)."""
     program = main_program if main_program is not None else default_main_program()
     dist = distributed_role(program)
     if dist is None:
         load_vars(executor, dirname, program, predicate=is_persistable, filename=filename, scope=scope)
     elif dist.kind == "pserver":
-        load_checkpoint_part(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
-                             filename=filename, scope=scope)
+        variables = pserver_checkpoint_vars(program)
+        if filename is None and _pserver_count(dirname) not in (0, _pservers_of(program)):
+            load_resliced(executor, dirname, program, variables, scope=scope)
+            return
+        load_checkpoint_part(executor, _part_dir(dirname, dist), program, vars=variables, filename=filename,
+                             scope=scope)
     else:
         part = _part_dir(dirname, dist)
         local = [v for v in _trainer_local_vars(program)
@@ -742,10 +749,6 @@ def assemble_checkpoint(dirname: str) -> dict[str, tuple[Any, str]]:
 def load_assembled(executor: Any, dirname: str, variables: Sequence[Variable], *, scope: Scope | None = None) -> None:
     """Load ``variables`` whole from the distributed checkpoint at ``dirname`` (``assemble_checkpoint``)
     into ``scope``, each checked against its declaration; a table keeps its declared rows."""
-    import jax
-
-    from runtime.x64 import x64
-
     held = assemble_checkpoint(dirname)
     values = []
     for var in variables:
@@ -757,6 +760,45 @@ def load_assembled(executor: Any, dirname: str, variables: Sequence[Variable], *
             value = value[: var.shape[0]]  # a table's shards pad it to a multiple of the pservers
         check_declared(var, value, path)
         values.append((var.name, value))
+    _set_loaded(executor, scope, values)
+
+
+def load_resliced(executor: Any, dirname: str, program: Program, variables: Sequence[Variable], *,
+                  scope: Scope | None = None) -> None:
+    """Load a pserver's ``variables`` from the distributed checkpoint at ``dirname`` saved by a job with
+    another number of pservers: each variable is assembled whole (``assemble_checkpoint``), then this
+    pserver's slice is cut out of it as ``program`` lays it out (``slice_layouts``)."""
+    held = assemble_checkpoint(dirname)
+    layouts = slice_layouts(program, variables)
+    n = _pservers_of(program)
+    values = []
+    for var in variables:
+        layout = layouts.get(var.name) or {}
+        of = layout.get("of", var.name)
+        if of not in held:
+            raise ExecutionError(f"cannot load variable {var.name!r}: the checkpoint {dirname} holds no part of {of!r}",
+                                 hint=f"it holds {sorted(held)[:20]}; load a checkpoint of this model")
+        value, path = held[of]
+        if layout.get("how") == "rows":
+            start = int(layout["offset"])
+            value = np.asarray(value)[start:start + var.shape[0]]
+        elif layout.get("how") == "mod":
+            table = np.asarray(value)
+            rows = np.arange(var.shape[0]) * n + int(layout["index"])
+            value = np.zeros((var.shape[0], *table.shape[1:]), dtype=table.dtype)
+            present = rows < table.shape[0]
+            value[present] = table[rows[present]]
+        check_declared(var, value, path)
+        values.append((var.name, value))
+    _set_loaded(executor, scope, values)
+
+
+def _set_loaded(executor: Any, scope: Scope | None, values: Sequence[tuple[str, Any]]) -> None:
+    """Put loaded host values into ``scope`` on the executor's device (64-bit types kept)."""
+    import jax
+
+    from runtime.x64 import x64
+
     target = scope if scope is not None else _global_scope()
     device = getattr(_executor(executor), "device", None)
     with x64():
@@ -786,6 +828,16 @@ def _trainer_local_vars(program: Program) -> list[Variable]:
     masks = {n for op in block.ops if op.type == "geo_sync" for n in op.input("Touched")}
     return [v for v in block.vars.values() if is_persistable(v) and not v.is_parameter and v.name not in masks
             and not (v.copy_of and block.has_var(v.copy_of) and block.var(v.copy_of).is_parameter)]
+
+
+def _pserver_count(dirname: str) -> int:
+    """How many pservers saved the distributed checkpoint at ``dirname`` (0: not one)."""
+    return sum(p.startswith("pserver_") for p in _part_dirs(dirname)) if os.path.isdir(dirname) else 0
+
+
+def _pservers_of(program: Program) -> int:
+    (serve,) = [op for op in program.global_block().ops if op.type == "listen_and_serv"]
+    return int(serve.attrs.get("pservers", 1))
 
 
 def _part_dir(dirname: str, dist: DistRole) -> str:

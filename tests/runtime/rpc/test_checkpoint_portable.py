@@ -69,15 +69,33 @@ def predictions(main: Any, scope: Any) -> np.ndarray:
                                               scope=scope)[0]) for step in range(3)])
 
 
-def test_a_distributed_checkpoint_loads_into_the_single_machine_program(
-        tmp_path: pathlib.Path, clusters: list[Cluster], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def table_job(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A 2-pserver x 2-trainer sync job of the table model with Adam, checkpointed after its last step."""
+    tmp = tmp_path_factory.mktemp("table_job")
+    made: list[Cluster] = []
+    with pytest.MonkeyPatch.context() as mp:
+        yield saved_job(tmp, made, mp, "table", 2, opt="adam")
+    for c in made:
+        c.kill()
+
+
+def single_machine(ckpt: pathlib.Path) -> tuple[Any, Any, Any]:
     import runtime
 
-    c, ckpt = saved_job(tmp_path, clusters, monkeypatch, "table", 2, opt="adam")
     main, startup = ps_worker.build("table", "adam", "const")
     exe, scope = runtime.Executor(), runtime.Scope()
     exe.run(startup, scope=scope)
     io.load_persistables(exe, str(ckpt), main, scope=scope)
+    return main, startup, scope
+
+
+def test_a_distributed_checkpoint_loads_into_the_single_machine_program(table_job: Any) -> None:
+    import runtime
+
+    c, ckpt = table_job
+    main, startup, scope = single_machine(ckpt)
+    exe = runtime.Executor()
     # what the trainer held after its last step, and the table the pservers ended with
     held = {**dict(np.load(c.out / "trainer_0.npz")), "table": gather_table(c.out, 2, "")}
     for name, value in held.items():
@@ -92,3 +110,51 @@ def test_a_distributed_checkpoint_loads_into_the_single_machine_program(
         for name, value in held.items():
             reference.set_var(name, value)
     np.testing.assert_allclose(predictions(main, scope), predictions(main, reference), rtol=1e-12)
+
+
+@pytest.mark.parametrize("pservers", [1, 3])
+def test_a_checkpoint_reslices_into_another_number_of_pservers(table_job: Any, pservers: int) -> None:
+    import runtime
+
+    c, ckpt = table_job
+    _, _, whole = single_machine(ckpt)
+    endpoints = [f"127.0.0.1:{7100 + i}" for i in range(pservers)]  # never served: programs only
+    t, _ = programs("table", endpoints, opt="adam")
+    exe = runtime.Executor()
+    seen = set()
+    for ep in endpoints:
+        prog, startup = t.get_pserver_programs(ep)
+        scope = runtime.Scope()
+        exe.run(startup, scope=scope)
+        io.load_persistables(exe, str(ckpt), prog, scope=scope)
+        layouts = io.slice_layouts(prog, io.pserver_checkpoint_vars(prog))
+        for var in io.pserver_checkpoint_vars(prog):
+            got, layout = scope.numpy(var.name), layouts.get(var.name, {})
+            of = whole.numpy(layout.get("of", var.name))
+            if layout.get("how") == "rows":
+                want = of[layout["offset"]:layout["offset"] + var.shape[0]]
+            elif layout.get("how") == "mod":
+                rows = np.arange(var.shape[0]) * pservers + layout["index"]
+                got, want = got[rows < len(of)], of[rows[rows < len(of)]]  # past the table: padding, never read
+            else:
+                want = of
+            np.testing.assert_array_equal(got, want, err_msg=f"{ep} {var.name}")
+            seen.add(layout.get("how"))
+    assert seen >= ({None, "mod", "copy", "rows"} if pservers > 1 else {None, "mod"})
+
+
+def test_training_continues_on_three_pservers_from_a_two_pserver_checkpoint(
+        table_job: Any, tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
+    c, ckpt = table_job
+    args = ["--model", "table", "--opt", "adam"]
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    run_ok(clusters, whole, 2, TRAINERS, args + ["--steps", "6"])
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    run_ok(clusters, resumed, 3, TRAINERS, args + ["--first-step", "3", "--steps", "3", "--load", str(ckpt)])
+    expected = {**dict(np.load(whole / "trainer_0.npz")), "table": gather_table(whole, 2, "")}
+    got = {**dict(np.load(resumed / "trainer_0.npz")), "table": gather_table(resumed, 3, "")}
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
