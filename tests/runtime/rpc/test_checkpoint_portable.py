@@ -43,21 +43,6 @@ def saved_job(tmp_path: pathlib.Path, clusters: list[Cluster], monkeypatch: pyte
     return c, ckpt
 
 
-def test_a_trainer_saves_into_any_absolute_directory(tmp_path: pathlib.Path, clusters: list[Cluster],
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    import runtime
-
-    c, ckpt = saved_job(tmp_path, clusters, monkeypatch, "fc", 1)
-    assert sorted(os.listdir(ckpt)) == ["pserver_0"]
-    t, _ = programs("fc", c.endpoints)
-    prog, startup = t.get_pserver_programs(c.endpoints[0])
-    exe, scope = runtime.Executor(), runtime.Scope()
-    exe.run(startup, scope=scope)
-    io.load_persistables(exe, str(ckpt), prog, scope=scope)
-    final = np.load(c.out / "pserver_0.npz")
-    assert set(final.files) and all(np.array_equal(scope.numpy(n), final[n]) for n in final.files)
-
-
 def predictions(main: Any, scope: Any) -> np.ndarray:
     """The model's outputs on trainer 0's batches, by the inference clone of ``main``."""
     import runtime
@@ -88,6 +73,23 @@ def single_machine(ckpt: pathlib.Path) -> tuple[Any, Any, Any]:
     exe.run(startup, scope=scope)
     io.load_persistables(exe, str(ckpt), main, scope=scope)
     return main, startup, scope
+
+
+def test_a_trainer_saves_into_any_absolute_directory(table_job: Any) -> None:
+    import runtime
+
+    c, ckpt = table_job  # saved with no FLOTILLA_CHECKPOINT_ROOT anywhere
+    assert sorted(os.listdir(ckpt)) == ["pserver_0", "pserver_1"]
+    t, _ = programs("table", c.endpoints, opt="adam")
+    for i, ep in enumerate(c.endpoints):
+        prog, startup = t.get_pserver_programs(ep)
+        exe, scope = runtime.Executor(), runtime.Scope()
+        exe.run(startup, scope=scope)
+        io.load_persistables(exe, str(ckpt), prog, scope=scope)
+        final = np.load(c.out / f"pserver_{i}.npz")
+        assert final.files
+        for name in final.files:
+            np.testing.assert_array_equal(scope.numpy(name), final[name], err_msg=f"{ep} {name}")
 
 
 def test_a_distributed_checkpoint_loads_into_the_single_machine_program(table_job: Any) -> None:
