@@ -33,8 +33,9 @@ Without ``filename`` each variable is one file in ``dirname`` named ``var_filena
 
 Checkpoint parts (``save_checkpoint_part`` / ``load_checkpoint_part``; what a pserver saves on
 CheckpointNotify and loads on restart): the variable files are written into a temporary directory beside
-the target, each fsynced; ``MANIFEST.json`` (format, and per file its variable, size and sha256) is
-written last and fsynced; then the directory replaces the target by rename. A target that exists but is
+the target, each fsynced; ``MANIFEST.json`` (format; per file its size and sha256; per variable its
+file and, for a slice, table shard or per-slice copy, which part of which whole variable it is:
+``slice_layouts``) is written last and fsynced; then the directory replaces the target by rename. A target that exists but is
 not a checkpoint part (no manifest) is never overwritten. Loading verifies the manifest first and refuses
 a torn checkpoint (no manifest, a file missing) or a tampered one (a size or checksum that differs).
 
