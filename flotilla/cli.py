@@ -28,6 +28,9 @@ installed, ``pyproject.toml``'s). Subcommands (each one a ``Command`` in ``COMMA
 - ``flotilla memory PROGRAM [--level 0|1] [--skip-grads] [--skip NAME]... [--batch-size N] [-o FILE]``:
   ``memory_optimize`` the program: peak live bytes by the liveness estimate before and after, then one
   line per variable reused; ``-o`` also writes the rewritten program
+- ``flotilla checkpoint inspect DIR``: every variable a checkpoint holds (its file, name, type, dtype,
+  shape, and which slice of which variable or which table shard), after verifying each part's manifest;
+  a torn or tampered file is one error line naming it (exit 2). Read-only
 - ``flotilla launch [--server_num N --worker_num M | --servers ... --workers ... | --nproc_per_node N]
   [--log_dir DIR] [--started_port P] [--stop_timeout S] SCRIPT [ARGS...]``: ``runtime.launch`` (its
   arguments, help and exit statuses)
@@ -620,6 +623,36 @@ def _run_memory(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- checkpoint ----------------------------------------------------------------------------------------
+
+
+def _configure_checkpoint(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("inspect",), help="inspect: list the variables and verify the manifests")
+    p.add_argument("dirname", metavar="DIR", help="a checkpoint directory written by save_persistables")
+
+
+def _slice_text(layout: dict[str, Any] | None) -> str:
+    if not layout:
+        return "whole"
+    if layout.get("how") == "rows":
+        return f"rows {layout.get('offset')}.. of {layout.get('of')}"
+    if layout.get("how") == "mod":
+        return f"shard {layout.get('index')} of table {layout.get('of')}"
+    return f"copy of {layout.get('of')}"
+
+
+def _run_checkpoint(args: argparse.Namespace) -> int:
+    from runtime.io import describe_checkpoint  # lazy: runtime imports jax
+
+    rows = describe_checkpoint(args.dirname)
+    lines = [f"{os.path.join(r['part'], r['file'])}: {r['name']} {r['type']} {r['dtype']} {r['shape']} "
+             f"({_slice_text(r['slice'])})" for r in rows]
+    parts = sorted({r["part"] for r in rows})
+    lines.append(f"ok: {len(rows)} variable(s) in {len(parts)} part(s), manifests verified")
+    _write_stdout("\n".join(lines) + "\n")
+    return EXIT_OK
+
+
 # --- running -------------------------------------------------------------------------------------------
 
 
@@ -676,6 +709,9 @@ register_command(Command("plan", "show which parameter block goes to which pserv
                          "balance (text, dot or png)", _configure_plan, _run_plan))
 register_command(Command("memory", "memory_optimize a program: peak live bytes (liveness estimate) before and "
                          "after, and the variables reused", _configure_memory, _run_memory))
+register_command(Command("checkpoint", "inspect a checkpoint: every variable (name, type, dtype, shape, file, which "
+                         "slice or shard), and verify its manifests (exit 2 naming a torn or tampered file)",
+                         _configure_checkpoint, _run_checkpoint))
 register_command(Command("launch", "start a local cluster (pservers and trainers, or collective trainers) "
                          "running a training script", _configure_launch, _run_launch))
 

@@ -36,9 +36,10 @@ Trust (``rpc_security``):
 ``FLOTILLA_TLS_SERVER_NAME`` the name a trainer expects in pserver certificates (default: the endpoint's
                              host).
 
-``FLOTILLA_CHECKPOINT_ROOT`` the directory a pserver saves checkpoints under; a CheckpointNotify may name only
-                             a checkpoint below it. A trainer's ``save_persistables`` names its checkpoint
-                             relative to the same root. Unset on a pserver: CheckpointNotify is refused.
+``FLOTILLA_CHECKPOINT_ROOT`` optional: the directory relative checkpoint names resolve under (a relative name
+                             must stay below it). A trainer's ``save_persistables`` names a checkpoint under
+                             it relative to it; any other directory goes by its absolute path, which the
+                             pservers take as it is (the job's own requests, as in Fluid).
 """
 from __future__ import annotations
 

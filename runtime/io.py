@@ -33,8 +33,9 @@ Without ``filename`` each variable is one file in ``dirname`` named ``var_filena
 
 Checkpoint parts (``save_checkpoint_part`` / ``load_checkpoint_part``; what a pserver saves on
 CheckpointNotify and loads on restart): the variable files are written into a temporary directory beside
-the target, each fsynced; ``MANIFEST.json`` (format, and per file its variable, size and sha256) is
-written last and fsynced; then the directory replaces the target by rename. A target that exists but is
+the target, each fsynced; ``MANIFEST.json`` (format; per file its size and sha256; per variable its
+file and, for a slice, table shard or per-slice copy, which part of which whole variable it is:
+``slice_layouts``) is written last and fsynced; then the directory replaces the target by rename. A target that exists but is
 not a checkpoint part (no manifest) is never overwritten. Loading verifies the manifest first and refuses
 a torn checkpoint (no manifest, a file missing) or a tampered one (a size or checksum that differs).
 
@@ -72,7 +73,8 @@ ARCHIVE_MAGIC = b"FLOTARC\0"
 _PREFIX = struct.Struct("<8sII")  # magic, version, header/index length
 
 __all__ = [
-    "FORMAT_VERSION", "check_declared", "decode_var", "encode_var", "is_parameter", "is_persistable",
+    "FORMAT_VERSION", "check_declared", "decode_var", "describe_checkpoint", "encode_var", "is_parameter",
+    "is_persistable",
     "load_params", "load_persistables", "load_vars", "name_from_filename", "read_archive", "read_var_file",
     "save_params", "save_persistables", "save_vars", "var_filename", "write_archive", "write_var_file",
 ]
@@ -398,6 +400,10 @@ def load_vars(executor: Any, dirname: str, main_program: Program | None = None, 
               scope: Scope | None = None) -> None:
     """Load what ``save_vars`` with the same arguments saved into ``scope`` (default
     ``runtime.global_scope()``), checking each value against its declaration in ``main_program``."""
+    if filename is None and is_distributed_checkpoint(dirname):
+        program = main_program if main_program is not None else default_main_program()
+        load_assembled(executor, dirname, _select(program, vars, predicate), scope=scope)
+        return
     _run_io_ops(executor, dirname, main_program, vars, predicate, filename, scope, "load", "outputs")
 
 
@@ -436,21 +442,28 @@ def save_persistables(executor: Any, dirname: str, main_program: Program | None 
         _executor(executor).rpc_session.client(dist.id).checkpoint(dist.endpoints, name)
         present = scope if scope is not None else _global_scope()
         local = [v for v in _trainer_local_vars(program) if present.find_var(v.name) is not None]
-        base = os.path.join(root, name) if root else dirname
+        base = name if os.path.isabs(name) else os.path.join(root or "", name)
         save_vars(executor, _part_dir(base, dist), program, vars=local, filename=filename, scope=scope)
 
 
 def load_persistables(executor: Any, dirname: str, main_program: Program | None = None,
                       filename: str | None = None, *, scope: Scope | None = None) -> None:
     """Load every persistable variable of ``main_program``; on a transpiled program, this process's part
-    of what ``save_persistables`` saved (a pserver's slices, a trainer's local state when saved)."""
+    of what ``save_persistables`` saved (a pserver's slices, a trainer's local state when saved). A
+    pserver of a job with another number of pservers than saved the checkpoint cuts its slices out of the
+    assembled variables (``load_resliced``); a program that is not transpiled, given a distributed
+    checkpoint, loads every variable whole (``load_assembled``)."""
     program = main_program if main_program is not None else default_main_program()
     dist = distributed_role(program)
     if dist is None:
         load_vars(executor, dirname, program, predicate=is_persistable, filename=filename, scope=scope)
     elif dist.kind == "pserver":
-        load_checkpoint_part(executor, _part_dir(dirname, dist), program, vars=pserver_checkpoint_vars(program),
-                             filename=filename, scope=scope)
+        variables = pserver_checkpoint_vars(program)
+        if filename is None and _pserver_count(dirname) not in (0, _pservers_of(program)):
+            load_resliced(executor, dirname, program, variables, scope=scope)
+            return
+        load_checkpoint_part(executor, _part_dir(dirname, dist), program, vars=variables, filename=filename,
+                             scope=scope)
     else:
         part = _part_dir(dirname, dist)
         local = [v for v in _trainer_local_vars(program)
@@ -459,21 +472,18 @@ def load_persistables(executor: Any, dirname: str, main_program: Program | None 
 
 
 def checkpoint_name(dirname: str, root: str | None) -> str:
-    """The name a trainer sends in CheckpointNotify for ``dirname``: its path relative to the checkpoint
-    root (``FLOTILLA_CHECKPOINT_ROOT``), which the pservers share; a relative ``dirname`` is already one."""
+    """The name a trainer sends in CheckpointNotify for ``dirname``: relative to the checkpoint root
+    (``FLOTILLA_CHECKPOINT_ROOT``, which the pservers share) when it is set and ``dirname`` lies under it
+    or is relative; otherwise the absolute path, which the pservers take as it is (as Fluid did)."""
     if not dirname:
         raise ExecutionError("save_persistables got an empty dirname", hint="name the checkpoint directory")
+    if root is None:
+        return os.path.abspath(dirname)
     if not os.path.isabs(dirname):
         return os.path.normpath(dirname)
-    if root is None:
-        raise ExecutionError(f"cannot checkpoint a distributed job into {dirname!r}: the pservers save only under "
-                             "their checkpoint root, and FLOTILLA_CHECKPOINT_ROOT is not set here",
-                             hint="set FLOTILLA_CHECKPOINT_ROOT (the same directory for every process of the job) "
-                                  "and save under it, or pass a path relative to it")
     real_root, real = os.path.realpath(root), os.path.realpath(dirname)
     if os.path.commonpath([real_root, real]) != real_root or real == real_root:
-        raise ExecutionError(f"cannot checkpoint into {dirname!r}: it is not below the checkpoint root {root!r}",
-                             hint="save under FLOTILLA_CHECKPOINT_ROOT, or pass a path relative to it")
+        return os.path.normpath(dirname)
     return os.path.relpath(real, real_root)
 
 
@@ -511,12 +521,17 @@ def save_checkpoint_part(executor: Any, path: str, main_program: Program, vars: 
     try:
         os.makedirs(parent, exist_ok=True)
         os.mkdir(tmp)
-        save_vars(executor, tmp, main_program, vars=vars, filename=filename, scope=scope)
+        chosen = _select(main_program, vars, None)
+        save_vars(executor, tmp, main_program, vars=chosen, filename=filename, scope=scope)
         files = {}
         for entry in sorted(os.listdir(tmp)):
             size, sha = _digest(os.path.join(tmp, entry))
             files[entry] = {"sha256": sha, "size": size}
-        manifest = json.dumps({"files": files, "format": MANIFEST_FORMAT}, indent=1, sort_keys=True).encode()
+        where = {v.name: filename or var_filename(v.name) for v in chosen}
+        layouts = slice_layouts(main_program, chosen)
+        described = {n: {"file": where[n], **({"slice": layouts[n]} if n in layouts else {})} for n in where}
+        manifest = json.dumps({"files": files, "format": MANIFEST_FORMAT, "vars": described}, indent=1,
+                              sort_keys=True).encode()
         _write_atomic(os.path.join(tmp, MANIFEST), manifest, True, MANIFEST)
         _fsync_dir(tmp)
         old = None
@@ -571,6 +586,231 @@ def load_checkpoint_part(executor: Any, path: str, main_program: Program, vars: 
     load_vars(executor, path, main_program, vars=vars, filename=filename, scope=scope)
 
 
+def slice_layouts(program: Program, variables: Iterable[Variable]) -> dict[str, dict[str, Any]]:
+    """How each of ``variables`` of a pserver program relates to a whole variable of the job's original
+    program, so that a checkpoint part says by itself what it holds (its manifest's ``"slice"``):
+
+    - ``{"of": W, "how": "rows", "offset": k}``: rows ``k ..`` of ``W`` (a sliced parameter or accumulator);
+    - ``{"of": W, "how": "mod", "index": i}``: shard ``i`` of ``n`` of the distributed table ``W`` (or of an
+      accumulator shaped like it): local row ``j`` is global row ``j * n + i``, ``n`` being the number of
+      shards the checkpoint holds;
+    - ``{"of": W, "how": "copy"}``: a per-slice copy of the whole ``W`` (e.g. a sliced parameter's Adam
+      beta powers).
+
+    A variable not listed is whole, under its own name."""
+    block = program.global_block()
+    out: dict[str, dict[str, Any]] = {}
+    tables = {}
+    for v in variables:
+        if v.slice_of and v.is_parameter and getattr(v, "is_distributed", False):
+            out[v.name] = {"of": v.slice_of, "how": "mod", "index": int(v.slice_index or 0)}
+            tables[v.name] = v
+        elif v.slice_of:
+            out[v.name] = {"of": v.slice_of, "how": "rows", "offset": int(v.slice_offset or 0)}
+        elif v.copy_of and v.trainer_id is None:
+            out[v.name] = {"of": v.copy_of, "how": "copy"}
+    names = {v.name for v in variables}
+    for blk in program.blocks:
+        for op in blk.ops:
+            params = op.input("Param")
+            if len(params) != 1 or params[0] not in tables:
+                continue
+            table = tables[params[0]]
+            for slot, args in op.inputs.items():
+                for n in args:
+                    if slot in ("Param", "Grad") or n not in names or n in out or not block.has_var(n):
+                        continue
+                    if tuple(block.var(n).shape) == tuple(table.shape):
+                        out[n] = {"of": n, "how": "mod", "index": out[table.name]["index"]}
+    return out
+
+
+def _headers(path: str) -> list[dict[str, Any]]:
+    """The record headers (name, type, dtype, shape, ...) of a variable file or archive, payloads unread
+    beyond what the archive index needs."""
+    data = memoryview(_read_file(path, os.path.basename(path), "file"))
+    if bytes(data[:8]) == ARCHIVE_MAGIC:
+        index_len, start = _read_prefix(data, ARCHIVE_MAGIC, "<archive>", path, "archive")
+        body = data[start + index_len:]
+        entries = _json(data[start:start + index_len], "<archive>", path, "archive index").get("vars") or []
+        records = [body[e["offset"]:e["offset"] + e["length"]] for e in entries if isinstance(e, dict)]
+    else:
+        records = [data]
+    out = []
+    for rec in records:
+        head_len, start = _read_prefix(rec, VAR_MAGIC, os.path.basename(path), path, "variable record")
+        out.append(_json(rec[start:start + head_len], os.path.basename(path), path, "header"))
+    return out
+
+
+def _part_dirs(dirname: str) -> list[str]:
+    """The parts of a distributed checkpoint (``pserver_<i>``, ``trainer_<i>``), pservers first, by id;
+    empty for a single-machine checkpoint."""
+    def key(entry: str) -> tuple[int, int]:
+        kind, _, num = entry.partition("_")
+        return (0 if kind == "pserver" else 1, int(num))
+
+    found = [e for e in os.listdir(dirname) if os.path.isdir(os.path.join(dirname, e))
+             and e.partition("_")[0] in ("pserver", "trainer") and e.partition("_")[2].isdigit()]
+    return sorted(found, key=key)
+
+
+def describe_checkpoint(dirname: str) -> list[dict[str, Any]]:
+    """What the checkpoint at ``dirname`` holds, one entry per variable (``part``, ``file``, ``name``,
+    ``type``, ``dtype``, ``shape``, ``slice``), after verifying every part that has a manifest
+    (``verify_checkpoint_part``: ExecutionError naming the torn or tampered file). ``dirname`` is a whole
+    distributed checkpoint (``pserver_<i>``/``trainer_<i>`` parts), one part, or a single-machine save."""
+    if not os.path.isdir(dirname):
+        raise ExecutionError(f"checkpoint {dirname} is not a directory",
+                             hint="name the directory save_persistables wrote")
+    parts = _part_dirs(dirname) or [""]
+    rows = []
+    for part in parts:
+        path = os.path.join(dirname, part)
+        manifest = verify_checkpoint_part(path) if os.path.isfile(os.path.join(path, MANIFEST)) else None
+        described = (manifest or {}).get("vars") or {}
+        for entry in sorted(os.listdir(path)):
+            file = os.path.join(path, entry)
+            if entry == MANIFEST or not os.path.isfile(file) or manifest is not None and entry not in manifest["files"]:
+                continue
+            for head in _headers(file):
+                name = head.get("name")
+                rows.append({"part": part, "file": entry, "name": name, "type": head.get("type"),
+                             "dtype": head.get("dtype"), "shape": head.get("shape"),
+                             "slice": (described.get(name) or {}).get("slice")})
+    return rows
+
+
+def is_distributed_checkpoint(dirname: str) -> bool:
+    """Whether ``dirname`` holds the parts a distributed job saved (a ``pserver_<i>`` with a manifest)."""
+    return os.path.isdir(dirname) and any(
+        p.startswith("pserver_") and os.path.isfile(os.path.join(dirname, p, MANIFEST)) for p in _part_dirs(dirname))
+
+
+def assemble_checkpoint(dirname: str) -> dict[str, tuple[Any, str]]:
+    """Every variable of the distributed checkpoint at ``dirname`` made whole, by name, with the file it
+    came from (for errors): slices joined by their row offsets, table shards interleaved (shard ``i`` of
+    ``n`` holds global row ``j * n + i`` at local row ``j``; the result has ``n * shard rows`` rows, the
+    caller trims it to the declared height), per-slice copies taken once, trainer state as saved. Every
+    pserver part is verified first (``verify_checkpoint_part``)."""
+    whole: dict[str, tuple[Any, str]] = {}
+    rows: dict[str, list[tuple[int, Any, str]]] = {}
+    shards: dict[str, list[tuple[int, Any, str]]] = {}
+    for part in _part_dirs(dirname):
+        path = os.path.join(dirname, part)
+        if not os.path.isfile(os.path.join(path, MANIFEST)):
+            for entry in sorted(os.listdir(path)):
+                file = os.path.join(path, entry)
+                if os.path.isfile(file):
+                    whole.setdefault(name_from_filename(entry), (read_var_file(file, name_from_filename(entry)), file))
+            continue
+        manifest = verify_checkpoint_part(path)
+        described = manifest.get("vars")
+        if not isinstance(described, dict):
+            raise ExecutionError(f"checkpoint part {path} does not say what its files hold (its {MANIFEST} has no "
+                                 "'vars'): it was saved by an older Flotilla",
+                                 hint="load it into the job that saved it (same number of pservers)")
+        for name, desc in sorted(described.items()):
+            file = os.path.join(path, desc["file"])
+            value = (read_var_file(file, name) if desc["file"] == var_filename(name)
+                     else read_archive(file, [name])[name])
+            layout = desc.get("slice") or {}
+            how, of = layout.get("how"), layout.get("of", name)
+            if how == "rows":
+                rows.setdefault(of, []).append((int(layout["offset"]), value, file))
+            elif how == "mod":
+                shards.setdefault(of, []).append((int(layout["index"]), value, file))
+            elif how == "copy":
+                whole.setdefault(of, (value, file))
+            else:
+                whole.setdefault(name, (value, file))
+    for of, pieces in rows.items():
+        pieces.sort(key=lambda p: p[0])
+        at = 0
+        for offset, value, file in pieces:
+            if offset != at:
+                raise ExecutionError(f"checkpoint {dirname}: the slices of {of!r} do not join: {file} starts at row "
+                                     f"{offset}, expected {at}", hint="a part of the checkpoint is missing")
+            at += np.shape(value)[0]
+        whole[of] = (np.concatenate([np.asarray(v) for _, v, _ in pieces]), dirname)
+    for of, pieces in shards.items():
+        pieces.sort(key=lambda p: p[0])
+        n = len(pieces)
+        if [i for i, _, _ in pieces] != list(range(n)):
+            raise ExecutionError(f"checkpoint {dirname}: table {of!r} has shards {[i for i, _, _ in pieces]}, "
+                                 f"expected 0..{n - 1}", hint="a pserver part of the checkpoint is missing")
+        first = np.asarray(pieces[0][1])
+        table = np.zeros((n * first.shape[0], *first.shape[1:]), dtype=first.dtype)
+        for i, value, _ in pieces:
+            table[i::n] = np.asarray(value)
+        whole[of] = (table, dirname)
+    return whole
+
+
+def load_assembled(executor: Any, dirname: str, variables: Sequence[Variable], *, scope: Scope | None = None) -> None:
+    """Load ``variables`` whole from the distributed checkpoint at ``dirname`` (``assemble_checkpoint``)
+    into ``scope``, each checked against its declaration; a table keeps its declared rows."""
+    held = assemble_checkpoint(dirname)
+    values = []
+    for var in variables:
+        if var.name not in held:
+            raise ExecutionError(f"cannot load variable {var.name!r}: the checkpoint {dirname} holds no part of it",
+                                 hint=f"it holds {sorted(held)[:20]}; load a checkpoint of this model")
+        value, path = held[var.name]
+        if isinstance(value, np.ndarray) and value.ndim and var.shape and 0 <= var.shape[0] < value.shape[0]:
+            value = value[: var.shape[0]]  # a table's shards pad it to a multiple of the pservers
+        check_declared(var, value, path)
+        values.append((var.name, value))
+    _set_loaded(executor, scope, values)
+
+
+def load_resliced(executor: Any, dirname: str, program: Program, variables: Sequence[Variable], *,
+                  scope: Scope | None = None) -> None:
+    """Load a pserver's ``variables`` from the distributed checkpoint at ``dirname`` saved by a job with
+    another number of pservers: each variable is assembled whole (``assemble_checkpoint``), then this
+    pserver's slice is cut out of it as ``program`` lays it out (``slice_layouts``)."""
+    held = assemble_checkpoint(dirname)
+    layouts = slice_layouts(program, variables)
+    n = _pservers_of(program)
+    values = []
+    for var in variables:
+        layout = layouts.get(var.name) or {}
+        of = layout.get("of", var.name)
+        if of not in held:
+            raise ExecutionError(f"cannot load variable {var.name!r}: the checkpoint {dirname} holds no part of {of!r}",
+                                 hint=f"it holds {sorted(held)[:20]}; load a checkpoint of this model")
+        value, path = held[of]
+        if layout.get("how") == "rows":
+            start = int(layout["offset"])
+            value = np.asarray(value)[start:start + var.shape[0]]
+        elif layout.get("how") == "mod":
+            table = np.asarray(value)
+            rows = np.arange(var.shape[0]) * n + int(layout["index"])
+            value = np.zeros((var.shape[0], *table.shape[1:]), dtype=table.dtype)
+            present = rows < table.shape[0]
+            value[present] = table[rows[present]]
+        check_declared(var, value, path)
+        values.append((var.name, value))
+    _set_loaded(executor, scope, values)
+
+
+def _set_loaded(executor: Any, scope: Scope | None, values: Sequence[tuple[str, Any]]) -> None:
+    """Put loaded host values into ``scope`` on the executor's device (64-bit types kept)."""
+    import jax
+
+    from runtime.x64 import x64
+
+    target = scope if scope is not None else _global_scope()
+    device = getattr(_executor(executor), "device", None)
+    with x64():
+        for name, value in values:
+            if isinstance(value, SelectedRows):
+                target.set_var(name, SelectedRows(jax.device_put(value.rows, device),
+                                                  jax.device_put(value.values, device), value.height))
+            else:
+                target.set_var(name, jax.device_put(np.asarray(value), device))
+
+
 def pserver_checkpoint_vars(program: Program) -> list[Variable]:
     """The state of a pserver program: its persistable variables except received and merged gradients
     and per-trainer copies (DC-ASGD backups are refreshed by the trainers' first fetch)."""
@@ -589,6 +829,16 @@ def _trainer_local_vars(program: Program) -> list[Variable]:
     masks = {n for op in block.ops if op.type == "geo_sync" for n in op.input("Touched")}
     return [v for v in block.vars.values() if is_persistable(v) and not v.is_parameter and v.name not in masks
             and not (v.copy_of and block.has_var(v.copy_of) and block.var(v.copy_of).is_parameter)]
+
+
+def _pserver_count(dirname: str) -> int:
+    """How many pservers saved the distributed checkpoint at ``dirname`` (0: not one)."""
+    return sum(p.startswith("pserver_") for p in _part_dirs(dirname)) if os.path.isdir(dirname) else 0
+
+
+def _pservers_of(program: Program) -> int:
+    (serve,) = [op for op in program.global_block().ops if op.type == "listen_and_serv"]
+    return int(serve.attrs.get("pservers", 1))
 
 
 def _part_dir(dirname: str, dist: DistRole) -> str:

@@ -49,9 +49,12 @@ async send that fails it is refused (INVALID_ARGUMENT) and the pserver goes on. 
 rows (and their accumulators) are left out: copying and scanning a whole table per update of a few rows
 would cost more than the update.
 
-Checkpoints: ``checkpoint(name)`` saves under ``checkpoint_root/name/pserver_<id>``; ``checkpoint_root``
-is the pserver's own configuration and ``name`` must be a relative path that stays under it (no ``..``,
-no absolute path, no symlink leading out); without a root, CheckpointNotify is refused.
+Checkpoints: ``checkpoint(name)`` saves under ``name/pserver_<id>``. An absolute ``name`` is taken as it
+is, as Fluid did: a request that reached the pserver is authenticated (job token or mutual TLS) and so
+comes from the job, or the pserver authenticates nobody, which it says once at start (loopback, or the
+explicit opt-out). A relative ``name`` resolves under ``checkpoint_root`` (the pserver's own
+configuration, ``FLOTILLA_CHECKPOINT_ROOT``) and must stay under it (no ``..``, no symlink leading out);
+without a root a relative name is refused.
 
 Async mode: each gradient runs its optimize block on arrival, under that block's lock;
 a ``get`` reads under the lock of the block that writes the variable; there are no barriers.
@@ -218,6 +221,9 @@ class PServer:
         self.authenticated = authenticated
         self.check_finite = check_finite
         self._log = log or _log_stderr
+        if save_persistables is not None and not authenticated:
+            self._log(f"pserver {self.config.endpoint}: authenticates nobody (no FLOTILLA_JOB_TOKEN, no mutual TLS): "
+                      "anyone who reaches its port may trigger checkpoints into any directory it can write")
         block = program.global_block()
         self._received: dict[str, Variable] = {n: block.var(n) for n in op.input("X")}
         self._grad_block = {}
@@ -604,17 +610,17 @@ class PServer:
             self._cv.notify_all()
 
     def checkpoint(self, trainer_id: int, dirname: str, incarnation: int) -> str:
-        """Save every persistable variable of the pserver under ``checkpoint_root/dirname/pserver_<id>``
-        (``dirname`` relative, staying under the root); returns that path."""
+        """Save every persistable variable of the pserver under ``dirname/pserver_<id>`` (a relative
+        ``dirname`` under the checkpoint root); returns that path."""
         self._check_trainer(trainer_id, "CheckpointNotify")
         if self._save is None:
             raise PServerError(Status.FAILED_PRECONDITION, "this pserver was started without a way to save")
-        if not self.checkpoint_root:
+        if dirname and not os.path.isabs(dirname) and not self.checkpoint_root:
             raise PServerError(Status.FAILED_PRECONDITION,
                                f"CheckpointNotify of {dirname!r}: pserver {self.config.endpoint} has no checkpoint "
-                               "root, so it saves nothing a request names",
-                               hint="start the pservers with FLOTILLA_CHECKPOINT_ROOT=DIR (flotilla launch passes "
-                                    "it on) and save checkpoints under it")
+                               "root to resolve a relative name under",
+                               hint="name the checkpoint by an absolute path, or start the pservers with "
+                                    "FLOTILLA_CHECKPOINT_ROOT=DIR (flotilla launch passes it on)")
         path = resolve_checkpoint(self.checkpoint_root, dirname, self.config.pserver_id)
         with self._cv:
             self._check_running()
@@ -843,15 +849,18 @@ def checkpoint_dir(dirname: str, pserver_id: int) -> str:
     return os.path.join(dirname, f"pserver_{pserver_id}")
 
 
-def resolve_checkpoint(root: str, name: str, pserver_id: int) -> str:
-    """``root/name/pserver_<id>``, if ``name`` is a relative path that stays under ``root`` once every
-    symlink is resolved; PServerError INVALID_ARGUMENT otherwise."""
+def resolve_checkpoint(root: str | None, name: str, pserver_id: int) -> str:
+    """``name/pserver_<id>`` for an absolute ``name``; ``root/name/pserver_<id>`` for a relative one that
+    stays under ``root`` once every symlink is resolved; PServerError INVALID_ARGUMENT otherwise."""
     what = f"CheckpointNotify of {name!r}"
-    hint = "name a checkpoint by a relative path under the pserver's checkpoint root (FLOTILLA_CHECKPOINT_ROOT)"
+    hint = ("name a checkpoint by an absolute path, or by a relative path under the pserver's checkpoint root "
+            "(FLOTILLA_CHECKPOINT_ROOT)")
     if not name or "\0" in name:
         raise PServerError(Status.INVALID_ARGUMENT, f"{what}: the checkpoint name is empty or holds NUL", hint=hint)
     if os.path.isabs(name):
-        raise PServerError(Status.INVALID_ARGUMENT, f"{what}: absolute paths are refused", hint=hint)
+        return os.path.join(os.path.normpath(name), f"pserver_{pserver_id}")
+    if root is None:
+        raise PServerError(Status.INVALID_ARGUMENT, f"{what}: a relative name needs a checkpoint root", hint=hint)
     parts = name.replace("\\", "/").split("/")
     if ".." in parts:
         raise PServerError(Status.INVALID_ARGUMENT, f"{what}: '..' is refused", hint=hint)

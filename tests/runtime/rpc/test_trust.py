@@ -412,7 +412,7 @@ def test_checkpoint_requests_stay_under_the_pservers_root(make_pserver: Callable
     h = make_pserver(True, serve=True, checkpoint_root=str(root))
     raw = raws(h.endpoint)
     snapshot = h.snapshot()
-    cases = {str(outside): "absolute paths are refused", "../outside": "'..' is refused",
+    cases = {"../outside": "'..' is refused",
              "a/../../outside": "'..' is refused", "escape": "leads out of the checkpoint root",
              "escape/deeper": "leads out of the checkpoint root", "": "empty"}
     for name, words in cases.items():
@@ -436,11 +436,35 @@ def test_checkpoint_requests_stay_under_the_pservers_root(make_pserver: Callable
     assert sorted(p.name for p in part.parent.iterdir()) == ["pserver_0"]  # no temporaries left
 
 
-def test_checkpoint_without_a_root_is_refused(make_pserver: Callable[..., PSHandle], raws: Callable[..., Raw]) -> None:
+def test_an_authenticated_request_names_any_absolute_directory(make_pserver: Callable[..., PSHandle],
+                                                                raws: Callable[..., Raw], tmp_path: pathlib.Path) -> None:
+    target = tmp_path / "anywhere" / "ck"
+    h = make_pserver(True, serve=True, security=RPCSecurity(token=TOKEN))  # no checkpoint root
+    request = pb.CheckpointRequest(trainer_id=0, dirname=str(target), incarnation=inc(0)).SerializeToString()
+    err = raws(h.endpoint, (("authorization", "Bearer wrong"),)).error("CheckpointNotify", request)
+    assert err.code() == CODE.UNAUTHENTICATED and not (tmp_path / "anywhere").exists()
+    raws(h.endpoint, (("authorization", f"Bearer {TOKEN}"),)).call("CheckpointNotify", request)
+    assert io.var_filename("fc_b") in os.listdir(target / "pserver_0")
+    io.verify_checkpoint_part(str(target / "pserver_0"))
+
+
+def test_an_unauthenticated_pserver_says_anyone_may_checkpoint(make_pserver: Callable[..., PSHandle],
+                                                               raws: Callable[..., Raw], tmp_path: pathlib.Path,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    h = make_pserver(True, serve=True)
+    err = capfd.readouterr().err
+    assert err.count("anyone who reaches its port may trigger checkpoints") == 1, err
+    raws(h.endpoint).call("CheckpointNotify", pb.CheckpointRequest(trainer_id=0, dirname=str(tmp_path / "ck"),
+                                                                   incarnation=inc(0)).SerializeToString())
+    io.verify_checkpoint_part(str(tmp_path / "ck" / "pserver_0"))
+
+
+def test_relative_checkpoint_without_a_root_is_refused(make_pserver: Callable[..., PSHandle],
+                                                       raws: Callable[..., Raw]) -> None:
     h = make_pserver(True, serve=True)
     err = raws(h.endpoint).error("CheckpointNotify", pb.CheckpointRequest(trainer_id=0, dirname="ck",
                                                                           incarnation=inc(0)).SerializeToString())
-    assert err.code() == CODE.FAILED_PRECONDITION and "has no checkpoint root" in err.details()
+    assert err.code() == CODE.FAILED_PRECONDITION and "no checkpoint root" in err.details()
     assert "FLOTILLA_CHECKPOINT_ROOT" in err.details()
 
 
@@ -475,13 +499,12 @@ def test_loading_refuses_torn_and_tampered_checkpoints(make_pserver: Callable[..
         load()
 
 
-def test_trainer_names_its_checkpoint_relative_to_the_root(tmp_path: pathlib.Path) -> None:
-    assert io.checkpoint_name("ck/1", None) == "ck/1"
+def test_trainer_names_its_checkpoint_relative_to_the_root_or_absolute(tmp_path: pathlib.Path) -> None:
+    assert io.checkpoint_name("ck/1", str(tmp_path)) == "ck/1"
     assert io.checkpoint_name(str(tmp_path / "ck"), str(tmp_path)) == "ck"
-    with pytest.raises(ExecutionError, match="FLOTILLA_CHECKPOINT_ROOT is not set"):
-        io.checkpoint_name(str(tmp_path / "ck"), None)
-    with pytest.raises(ExecutionError, match="is not below the checkpoint root"):
-        io.checkpoint_name("/etc", str(tmp_path))
+    assert io.checkpoint_name(str(tmp_path / "ck"), None) == str(tmp_path / "ck")
+    assert io.checkpoint_name("ck/1", None) == os.path.abspath("ck/1")
+    assert io.checkpoint_name("/elsewhere/ck", str(tmp_path)) == "/elsewhere/ck"
 
 
 # --- non-finite gradients (issue case 5) --------------------------------------------------------------------------
