@@ -46,7 +46,9 @@ def test_tuned_processes_reuse_large_buffers() -> None:
     tuned, few = faults("1")
     untuned, many = faults("0")
     assert (tuned, untuned) == ("True", "False")
-    assert few * 4 < many, (few, many)  # measured here: about 1,000 against 10,000
+    # Measured on machines of this kind: 1,000-2,100 faults tuned against 7,700-10,000 untuned (a 4x margin
+    # failed on some of them, at 5be8ffd too).
+    assert few * 3 < many, (few, many)
 
 
 def test_the_flag_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
