@@ -87,6 +87,9 @@ def check_pserver_job(out: str, checkpoint: pathlib.Path) -> None:
     inspect = subprocess.run([sys.executable, "-m", "flotilla.cli", "checkpoint", "inspect", str(checkpoint)],
                              cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
     assert inspect.returncode == 0, inspect.stdout + inspect.stderr
+    # The model's parameters, saved from the pservers that hold them, with the manifests checked.
+    assert "fc_0.w_0 lod_tensor float32 [4, 1]" in inspect.stdout and "fc_0.b_0" in inspect.stdout, inspect.stdout
+    assert "manifests verified" in inspect.stdout, inspect.stdout
 
 
 def test_manual_pserver_script_under_the_launcher(tmp_path: pathlib.Path) -> None:
