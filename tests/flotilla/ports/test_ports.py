@@ -1,7 +1,8 @@
 """Issue 21's acceptance: a Paddle 1.5 job ports by rewriting ``paddle.fluid`` to ``flotilla.fluid`` and nothing
 else. Each ``*.py.paddle`` here is a script as Paddle 1.5's docs wrote it (Paddle's imports, Paddle's environment
 variables read with ``os.getenv``); the tests apply that one rewrite into ``tmp_path`` and run the result as real
-processes, under the launcher and started by hand with only Paddle's variables set."""
+processes, under the launcher and started by hand with only Paddle's variables set. (The Fleet
+parameter-server "ten lines" is ported the same way, both ways, in tests/flotilla/fleet/test_incubate_paths.py.)"""
 from __future__ import annotations
 
 import os
