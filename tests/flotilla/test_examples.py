@@ -1,6 +1,5 @@
 """The ported Fluid scripts and the Fleet example run distributed under the launcher, every process
-exiting 0: ``examples/fluid_port`` on 2 pservers x 2 trainers, a Fluid nccl2 script
-(``scripts/fluid_nccl2.py``) on 2 collective trainers, ``examples/fleet_ctr`` on 2 pservers x 2 workers
+exiting 0: ``examples/fluid_port`` on 2 pservers x 2 trainers, ``examples/fleet_ctr`` on 2 pservers x 2 workers
 and on 2 collective workers, and ``examples/fleet_ctr`` alone (in-process); and a trainer that runs the
 untranspiled program fails at once (``scripts/untranspiled_trainer.py``).
 
@@ -50,15 +49,6 @@ def test_fluid_port_runs_under_the_launcher(tmp_path: pathlib.Path) -> None:
     assert sorted(losses) == [0, 1] and losses[0] == losses[1], out[-2000:]
     before, after = (float(v) for v in losses[0])
     assert after < before / 3
-
-
-def test_fluid_nccl2_script_runs_under_the_launcher(tmp_path: pathlib.Path) -> None:
-    """A Fluid 1.5 nccl2 script (in-place transpile, ParallelExecutor with num_trainers): both trainers
-    converge to the same weights."""
-    out = launch(tmp_path, ["--nproc_per_node", "2"], "tests/flotilla/scripts/fluid_nccl2.py", processes=2)
-    found = per_trainer(out, r"loss (\d+\.\d+) -> (\d+\.\d+), weights (-?\d+\.\d+)")
-    assert sorted(found) == [0, 1] and found[0][2] == found[1][2], out[-2000:]
-    assert all(float(found[t][1]) < float(found[t][0]) / 100 for t in (0, 1))
 
 
 def test_trainer_running_the_untranspiled_program_fails_at_once(tmp_path: pathlib.Path) -> None:
