@@ -82,14 +82,6 @@ FORMS = ["text", "proto"]
 # --- running the tool ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def flotilla_exe() -> str:
-    exe = shutil.which("flotilla")
-    if exe is None:
-        pytest.fail("the `flotilla` executable is not on PATH; install the package with `pip install -e .`")
-    return exe
-
-
 def run_tool(cmd: list[str], cwd: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert "Traceback" not in done.stderr, done.stderr

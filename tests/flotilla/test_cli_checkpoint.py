@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from runtime import io
-from tests.flotilla.test_cli import assert_user_error, flotilla, flotilla_exe  # noqa: F401 (fixtures)
+from tests.flotilla.test_cli import assert_user_error, flotilla  # noqa: F401 (a fixture)
 from tests.runtime.rpc import ps_worker
 
 ENDPOINTS = ["127.0.0.1:6170", "127.0.0.1:6171"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 from typing import Any, Callable, Iterator
@@ -70,14 +69,6 @@ def reference(main_path: pathlib.Path, startup_path: pathlib.Path, trainer_id: i
 
 
 # --- running the tool ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def flotilla_exe() -> str:
-    exe = shutil.which("flotilla")
-    if exe is None:
-        pytest.fail("the `flotilla` executable is not on PATH; install the package with `pip install -e .`")
-    return exe
 
 
 def run_tool(cmd: list[str], cwd: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

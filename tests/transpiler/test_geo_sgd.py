@@ -13,7 +13,8 @@ from ir.errors import FlotillaError
 from ir.printer import format_program
 from ir.serialize import program_to_bytes
 from tests.passes.ctr_model import build_ctr
-from tests.flotilla.test_cli_transpile import (assert_user_error, fc_files, flotilla, flotilla_exe,  # noqa: F401
+from tests.flotilla.conftest import flotilla_exe  # noqa: F401 (a fixture)
+from tests.flotilla.test_cli_transpile import (assert_user_error, fc_files, flotilla,  # noqa: F401
                                                  fresh_names, inputs, reference)
 from tests.transpiler.test_distribute_transpiler import EPS2, build_fc, transpile
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
