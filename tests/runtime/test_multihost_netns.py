@@ -203,7 +203,9 @@ def test_ps_host_down_is_named_by_the_survivors(tmp_path: pathlib.Path, netns_ho
     assert took < DOWN_WAIT_S
 
 
-@pytest.mark.parametrize("how", ["kill", "link_down"])
+@pytest.mark.parametrize("how", ["kill", pytest.param("link_down", marks=pytest.mark.xfail(
+    strict=True, reason="TODO(#22): a silent peer is found by JAX's heartbeat check, whose default handler "
+                        "aborts the survivor (SIGABRT, naming task 1, not its endpoint) before Flotilla can"))])
 def test_collective_host_down_is_named_by_the_survivor(tmp_path: pathlib.Path,
                                                        netns_hosts: Callable[[int], Hosts], how: str) -> None:
     hosts = netns_hosts(2)
