@@ -7,6 +7,9 @@ several clusters in one run never collide)::
     namespace fl<pid>x<k>s  (the switch): bridge br0, ports p0 .. p<n-1>, all up
     namespace fl<pid>x<k>h<i> (host i):   lo up; eth0 (veth, peer p<i>) up, address 10.213.7.<i+1>/24
 
+``Host`` (a namespace and its address, ``LOOPBACK`` for this machine) is what benchmarks place processes
+on: ``Hosts.hosts()`` for hosts built here, ``existing_hosts(names)`` for namespaces made by hand.
+
 ``SUBNET`` (10.213.7.0/24) is the one private /24 used for tests; its addresses exist only inside these
 namespaces, so no traffic leaves the machine and nothing in the root namespace changes. Each host also
 gets ``/etc/netns/<ns>/hosts`` (``ip netns exec`` bind-mounts it over ``/etc/hosts``) mapping this
@@ -17,8 +20,9 @@ Processes run in a host with ``ip netns exec`` (which execs the command, so the 
 in a session of its own; ``close()`` kills every process group it started (by the pid of a child it has not
 reaped, so the group id cannot have been reused), then deletes the namespaces and the hosts files. It runs
 from ``with`` / the pytest fixture even when the test fails. ``link_down(i)`` sets host i's eth0 down;
-``shape(i, rate=..., delay=...)`` puts a qdisc on host i's eth0 (its egress): ``netem`` where the kernel
-has it, else ``tbf`` for the rate alone (a delay then raises ``NetnsError``).
+``shape(i, rate=..., delay=...)`` (also ``netem``) puts a qdisc on host i's eth0 (its egress): ``netem``
+where the kernel has it, else ``tbf`` for the rate alone (a delay then raises ``NetnsError``, or with
+``fallback=True`` is left out and the returned description says so).
 
 Where namespaces cannot be made (not root, no ``ip``, ``ip netns add`` refused) ``Hosts.create`` raises
 ``NetnsUnavailable`` with the reason; the fixture turns that into ``pytest.skip``.
@@ -70,6 +74,35 @@ def check_available() -> None:
         raise NetnsUnavailable("the `ip` command (iproute2) is not installed")
 
 
+@dataclass(frozen=True)
+class Host:
+    """Where a process runs: network namespace ``ns`` ("" for this machine's own) and the address its
+    endpoints use there."""
+
+    ns: str
+    address: str
+
+    def command(self, cmd: Sequence[str]) -> list[str]:
+        """``cmd`` run in this host."""
+        return ["ip", "netns", "exec", self.ns, *cmd] if self.ns else list(cmd)
+
+
+LOOPBACK = Host("", "127.0.0.1")
+
+
+def existing_hosts(names: Sequence[str]) -> list[Host]:
+    """Hosts for namespaces made elsewhere (``ip netns add``): each one's first global IPv4 address."""
+    check_available()
+    hosts = []
+    for name in names:
+        out = _run("ip", "-n", name, "-4", "-o", "addr", "show", "scope", "global")
+        addrs = [line.split()[3].split("/")[0] for line in out.splitlines() if " inet " in line]
+        if not addrs:
+            raise NetnsError(f"network namespace {name!r} has no global IPv4 address")
+        hosts.append(Host(name, addrs[0]))
+    return hosts
+
+
 @dataclass
 class Hosts:
     """``n`` namespaced hosts on one bridge; see the module docstring. Build with ``Hosts.create``."""
@@ -87,6 +120,10 @@ class Hosts:
     def ns(self, host: int) -> str:
         """The namespace name of host ``host``."""
         return f"{self.prefix}h{host}"
+
+    def hosts(self) -> list[Host]:
+        """Each host as a ``Host`` (namespace and address)."""
+        return [Host(self.ns(i), a) for i, a in enumerate(self.addresses)]
 
     @classmethod
     def create(cls, n: int) -> Hosts:
@@ -168,27 +205,31 @@ class Hosts:
         """Set host ``host``'s eth0 down: it is cut off from the others (its processes keep running)."""
         _run("ip", "-n", self.ns(host), "link", "set", "eth0", "down")
 
-    def shape(self, host: int, rate: str | None = None, delay: str | None = None) -> str:
-        """Emulate a link on host ``host``'s egress (``rate`` like ``10gbit``, ``delay`` like ``0.1ms``):
-        ``netem`` where the kernel has it, else ``tbf`` (rate only). Returns the qdisc installed."""
+    def shape(self, host: int, rate: str | None = None, delay: str | None = None, fallback: bool = False) -> str:
+        """Emulate a link on host ``host``'s egress (``rate`` like ``10gbit``, ``delay`` like ``0.1ms``) with
+        ``netem``. Where the kernel has no netem (CONFIG_NET_SCH_NETEM), the rate alone goes on ``tbf``; a
+        delay then raises ``NetnsError``, or with ``fallback`` is left out. Returns what was installed."""
         netem = ["netem", *(["rate", rate] if rate else []), *(["delay", delay] if delay else [])]
         try:
             _run("ip", "netns", "exec", self.ns(host), "tc", "qdisc", "replace", "dev", "eth0", "root", *netem)
-            return " ".join(netem)
+            return "tc qdisc " + " ".join(netem)
         except NetnsError as e:
             if "unknown" not in str(e).lower():
                 raise
-            if delay:
+            if delay and not fallback:
                 raise NetnsError(f"this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM), so a delay of {delay} "
                                  f"cannot be emulated: {e}") from e
-        # tbf: burst must hold at least one timer tick's worth of bytes at the rate
-        tbf = ["tbf", "rate", str(rate), "burst", "4mb", "latency", "50ms"]
+        if not rate:
+            return f"nothing (no netem in this kernel: delay {delay} not emulated)"
+        # tbf: the bucket must hold at least a timer tick's worth of bytes at the rate
+        tbf = ["tbf", "rate", rate, "burst", "4mb", "latency", "50ms"]
         _run("ip", "netns", "exec", self.ns(host), "tc", "qdisc", "replace", "dev", "eth0", "root", *tbf)
-        return " ".join(tbf)
+        missing = f"; no netem in this kernel: delay {delay} NOT emulated" if delay else ""
+        return "tc qdisc " + " ".join(tbf) + missing
 
-    def netem(self, host: int, rate: str | None = None, delay: str | None = None) -> str:
-        """``shape`` (the name the tc discipline gives it)."""
-        return self.shape(host, rate=rate, delay=delay)
+    def netem(self, host: int, rate: str | None = None, delay: str | None = None, fallback: bool = False) -> str:
+        """``shape`` (named after the tc discipline it prefers)."""
+        return self.shape(host, rate=rate, delay=delay, fallback=fallback)
 
     # --- cleanup -----------------------------------------------------------------------------------------
 
