@@ -17,7 +17,8 @@
   (``tests/runtime/collective``'s criterion, rtol 1e-5).
 - A host taken down mid-run, by killing its processes or by setting its link down: the survivors on the
   other host exit non-zero within ``DOWN_WAIT_S``, their errors naming the lost endpoint (a pserver names
-  the lost trainer by id: it knows trainers by id only). The timeouts are set small for this
+  the lost trainer by id: it knows trainers by id only; it may name trainer 0 too, which waits on the lost
+  pserver). Except a collective host whose link goes down (xfail, see the test). The timeouts are set small for this
   (``FLAGS_rpc_deadline``, ``FLAGS_pserver_timeout_ms``, ``FLAGS_collective_timeout_s``,
   ``FLAGS_collective_heartbeat_s``).
 
@@ -199,13 +200,16 @@ def test_ps_host_down_is_named_by_the_survivors(tmp_path: pathlib.Path, netns_ho
     took = time.monotonic() - down_at
     assert codes["pserver.0"] != 0 and codes["trainer.0"] != 0, f"{codes}\n{job.logs()}"
     assert servers[1] in job.log("trainer.0"), job.logs()
-    assert "trainer(s) [1]" in job.log("pserver.0"), job.logs()
+    # trainer 1 is gone; trainer 0 may be too, from pserver 0's view (blocked on the lost pserver 1)
+    assert re.search(r"trainer\(s\) \[(0, )?1\]", job.log("pserver.0")), job.logs()
     assert took < DOWN_WAIT_S
 
 
 @pytest.mark.parametrize("how", ["kill", pytest.param("link_down", marks=pytest.mark.xfail(
     strict=True, reason="TODO(#22): a silent peer is found by JAX's heartbeat check, whose default handler "
-                        "aborts the survivor (SIGABRT, naming task 1, not its endpoint) before Flotilla can"))])
+                        "aborts the survivor (SIGABRT, naming task 1, not its endpoint); a Python "
+                        "missed_heartbeat_callback cannot replace it (jaxlib 0.10 cannot pass it the "
+                        "absl::Status: std::bad_cast, abort)"))])
 def test_collective_host_down_is_named_by_the_survivor(tmp_path: pathlib.Path,
                                                        netns_hosts: Callable[[int], Hosts], how: str) -> None:
     hosts = netns_hosts(2)
