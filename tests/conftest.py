@@ -42,17 +42,17 @@ def golden(request: pytest.FixtureRequest) -> Golden:
 
 
 @pytest.fixture
-def netns_hosts() -> Iterator[Callable[[int], "Hosts"]]:
-    """A factory of namespaced hosts (``tests.netns.Hosts.create(n)``); every cluster made is closed at
-    teardown (processes killed, namespaces deleted), pass or fail. Skips, with the reason, where network
-    namespaces cannot be made."""
+def netns_hosts() -> Iterator[Callable[..., "Hosts"]]:
+    """A factory of namespaced hosts (``tests.netns.Hosts.create(n, resolve_hostname=True)``); every cluster
+    made is closed at teardown (processes killed, namespaces deleted), pass or fail. Skips, with the
+    reason, where network namespaces cannot be made."""
     from tests.netns import Hosts, NetnsUnavailable
 
     made: list[Hosts] = []
 
-    def make(n: int) -> Hosts:
+    def make(n: int, resolve_hostname: bool = True) -> Hosts:
         try:
-            hosts = Hosts.create(n)
+            hosts = Hosts.create(n, resolve_hostname=resolve_hostname)
         except NetnsUnavailable as e:
             pytest.skip(str(e))
         made.append(hosts)

@@ -14,7 +14,10 @@ on: ``Hosts.hosts()`` for hosts built here, ``existing_hosts(names)`` for namesp
 namespaces, so no traffic leaves the machine and nothing in the root namespace changes. Each host also
 gets ``/etc/netns/<ns>/hosts`` (``ip netns exec`` bind-mounts it over ``/etc/hosts``) mapping this
 machine's hostname to the host's address, as on a real machine: software that binds whatever
-``gethostname()`` resolves to (gloo, under JAX) then binds the host's interface, not 127.0.0.1.
+``gethostname()`` resolves to (gloo, under JAX 0.10) then binds the host's interface, not 127.0.0.1 (which
+this machine's /etc/hosts gives; without the file a 2-host collective job fails: gloo advertises
+127.0.0.1). ``Hosts.create(n, resolve_hostname=False)`` leaves it out, for testing code that must not
+depend on it.
 
 Processes run in a host with ``ip netns exec`` (which execs the command, so the pid is the command's), each
 in a session of its own; ``close()`` kills every process group it started (by the pid of a child it has not
@@ -126,15 +129,17 @@ class Hosts:
         return [Host(self.ns(i), a) for i, a in enumerate(self.addresses)]
 
     @classmethod
-    def create(cls, n: int) -> Hosts:
-        """``n`` (2..250) hosts joined by a bridge, addresses ``SUBNET.1`` .. ``SUBNET.n``. On any failure
-        what was made is removed and ``NetnsUnavailable`` is raised."""
+    def create(cls, n: int, resolve_hostname: bool = True) -> Hosts:
+        """``n`` (1..250) hosts joined by a bridge, addresses ``SUBNET.1`` .. ``SUBNET.n``; with
+        ``resolve_hostname`` False no hosts file is written (the hostname resolves as in the root namespace,
+        here to 127.0.0.1: a test of code that must not rely on it). On any failure what was made is
+        removed and ``NetnsUnavailable`` is raised."""
         check_available()
         if not 1 <= n <= 250:
             raise ValueError(f"{n} hosts: expected 1..250")
         hosts = cls(prefix=f"fl{os.getpid()}x{next(_counter)}", addresses=[f"{SUBNET}.{i + 1}" for i in range(n)])
         try:
-            hosts._build(n)
+            hosts._build(n, resolve_hostname)
         except NetnsError as e:
             hosts.close()
             raise NetnsUnavailable(f"could not build {n} namespaced hosts: {e}") from e
@@ -145,14 +150,15 @@ class Hosts:
         self.namespaces.append(name)
         _run("ip", "-n", name, "link", "set", "lo", "up")
 
-    def _build(self, n: int) -> None:
+    def _build(self, n: int, resolve_hostname: bool) -> None:
         self._add_ns(self.switch)
         _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
         _run("ip", "-n", self.switch, "link", "set", "br0", "up")
         me = socket.gethostname()
         for i, addr in enumerate(self.addresses):
             ns = self.ns(i)
-            self._write_hosts_file(ns, addr, me)
+            if resolve_hostname:
+                self._write_hosts_file(ns, addr, me)
             self._add_ns(ns)
             _run("ip", "-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"p{i}", "netns", self.switch)
             _run("ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0", "up")
