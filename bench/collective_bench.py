@@ -315,7 +315,8 @@ def main() -> None:
     print("   (2 processes share the 2 cores that 1 process had: about 1.0 is the ceiling here)")
     if args.skip_loopback:
         cross_host(args, reps, steps, t, per_trainer, report, note)
-        return finish(args, report)
+        finish(args, report)
+        return
 
     print(f"(c) 120 small gradients (60 fc layers of 16), 2 processes, step time ms{note}")
     fused = run_job(2, kind="fusion", fuse_mb=32.0, steps=steps)[0]
