@@ -11,7 +11,9 @@ several clusters in one run never collide)::
 on: ``Hosts.hosts()`` for hosts built here, ``existing_hosts(names)`` for namespaces made by hand.
 
 ``SUBNET`` (10.213.7.0/24) is the one private /24 used for tests; its addresses exist only inside these
-namespaces, so no traffic leaves the machine and nothing in the root namespace changes. Each host also
+namespaces (each host's only interface besides lo is its bridge port, so no traffic leaves the machine and
+nothing in the root namespace changes), and each set of hosts has a bridge of its own, so concurrent sets
+reuse the same addresses without meeting. Each host also
 gets ``/etc/netns/<ns>/hosts`` (``ip netns exec`` bind-mounts it over ``/etc/hosts``) mapping this
 machine's hostname to the host's address, as on a real machine: software that binds whatever
 ``gethostname()`` resolves to (gloo, under JAX 0.10) then binds the host's interface, not 127.0.0.1 (which
@@ -27,6 +29,9 @@ from ``with`` / the pytest fixture even when the test fails. ``link_down(i)`` se
 where the kernel has it, else ``tbf`` for the rate alone (a delay then raises ``NetnsError``, or with
 ``fallback=True`` is left out and the returned description says so).
 
+A run killed before it could clean up (SIGKILL) leaves its namespaces behind; the next ``Hosts.create``
+deletes those whose process (the pid in their name) no longer exists.
+
 Where namespaces cannot be made (not root, no ``ip``, ``ip netns add`` refused) ``Hosts.create`` raises
 ``NetnsUnavailable`` with the reason; the fixture turns that into ``pytest.skip``.
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 import itertools
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -137,6 +143,7 @@ class Hosts:
         check_available()
         if not 1 <= n <= 250:
             raise ValueError(f"{n} hosts: expected 1..250")
+        _remove_stale()
         hosts = cls(prefix=f"fl{os.getpid()}x{next(_counter)}", addresses=[f"{SUBNET}.{i + 1}" for i in range(n)])
         try:
             hosts._build(n, resolve_hostname)
@@ -265,6 +272,23 @@ class Hosts:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _remove_stale() -> None:
+    """Delete namespaces (and hosts files) of this module whose creating process is gone."""
+    try:
+        listed = _run("ip", "netns", "list")
+    except NetnsError:
+        return
+    names = {line.split()[0] for line in listed.splitlines() if line.strip()}
+    if HOSTS_DIR.is_dir():
+        names |= {d.name for d in HOSTS_DIR.iterdir()}
+    for name in sorted(names):
+        m = re.fullmatch(r"fl(\d+)x\d+(s|h\d+)", name)
+        if not m or int(m.group(1)) == os.getpid() or pathlib.Path(f"/proc/{m.group(1)}").exists():
+            continue
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=IP_TIMEOUT_S)
+        shutil.rmtree(HOSTS_DIR / name, ignore_errors=True)
 
 
 def _kill(p: subprocess.Popen[Any]) -> None:
