@@ -16,6 +16,13 @@ compared with:
 (c) fused against unfused gradient allreduce for an MLP with 120 small gradients (60 layers of 16
     units): step time of 2 trainers with ``fuse_grad_size_in_MB=32`` (one collective) and ``0`` (120).
 
+(d) Across hosts (``--hosts NS1,NS2``: network namespaces made by hand, each with an address; ``--netns``:
+    two namespaced hosts on a bridge built here by ``tests/netns.py``, 10.213.7.1-2, run plain and then
+    with their links shaped by ``--link RATE`` and ``--delay D``: ``tc netem``, or ``tbf`` for the rate
+    alone where the kernel has no netem, which the output then says): trainer r on host r, endpoints on
+    the hosts' addresses; (a)'s allreduce and raw TCP bandwidth and (b)'s 2-process examples/s per
+    trainer, beside the loopback figures of this run. Building namespaces needs root and iproute2.
+
 Timings take the median of repeated runs after warm-up (compilation excluded). ``--quick`` runs fewer
 repetitions; its figures say so and are not comparable with a full run.
 """
@@ -37,6 +44,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from runtime.launch import free_ports  # noqa: E402
+from tests.netns import LOOPBACK, Host, Hosts, NetnsError, existing_hosts  # noqa: E402
+
+CROSS_HOST_PORT = 6170  # trainer r listens on 6170 of its host (a namespace's own port space); raw TCP on 6180
 
 MIB = 1 << 20
 
@@ -61,14 +71,15 @@ def _timed(fn: Any, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def _tcp_pair(rank: int, port: int, nbytes: int, reps: int) -> float:
-    """Seconds to move ``nbytes`` from rank 0 to rank 1 over loopback TCP (median), measured on rank 1."""
+def _tcp_pair(rank: int, host: str, port: int, nbytes: int, reps: int) -> float:
+    """Seconds to move ``nbytes`` from rank 0 (listening on ``host``) to rank 1 over TCP (median),
+    measured on rank 1."""
     import numpy as np
 
     buf = bytearray(nbytes)
     view = memoryview(buf)
     if rank == 0:
-        with socket.create_server(("127.0.0.1", port)) as srv:
+        with socket.create_server((host, port)) as srv:
             conn, _ = srv.accept()
             with conn:
                 payload = np.ones(nbytes // 4, np.float32).tobytes()
@@ -79,7 +90,7 @@ def _tcp_pair(rank: int, port: int, nbytes: int, reps: int) -> float:
     deadline = time.monotonic() + 30
     while True:
         try:
-            conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+            conn = socket.create_connection((host, port), timeout=30)
             break
         except OSError:
             if time.monotonic() > deadline:
@@ -111,6 +122,7 @@ def _allreduce_program(numel: int) -> Any:
 
 
 def worker_transport(rank: int, endpoints: list[str], tcp_port: int, reps: int) -> dict[str, Any]:
+    tcp_host = endpoints[0].rsplit(":", 1)[0]
     _join(rank, endpoints)
     import jax
     import numpy as np
@@ -136,7 +148,7 @@ def worker_transport(rank: int, endpoints: list[str], tcp_port: int, reps: int) 
                                      check_vma=False))
         x = mesh.to_global(np.ones(numel, np.float32), False)
         bare_s = _timed(lambda: jax.block_until_ready(psum(x)), reps)
-        tcp_s = _tcp_pair(rank, tcp_port + (0 if mib == 4 else 1), numel * 4, reps)
+        tcp_s = _tcp_pair(rank, tcp_host, tcp_port + (0 if mib == 4 else 1), numel * 4, reps)
         out[f"{mib}MiB"] = {"runtime_s": runtime_s, "psum_s": bare_s, "tcp_s": tcp_s, "bytes": numel * 4}
     return out
 
@@ -228,13 +240,19 @@ def worker_main(argv: list[str]) -> None:
 # --- driver side -------------------------------------------------------------------------------------------
 
 
-def run_job(n: int, **spec: Any) -> list[dict[str, Any]]:
-    """Start ``n`` worker processes with ``spec``; return their results, rank order."""
-    endpoints = [f"127.0.0.1:{p}" for p in free_ports(n)]
+def run_job(n: int, hosts: tuple[Host, ...] = (), **spec: Any) -> list[dict[str, Any]]:
+    """Start ``n`` worker processes with ``spec`` (rank r on ``hosts[r]``; all on 127.0.0.1 when none are
+    given); return their results, rank order."""
+    if hosts:
+        endpoints = [f"{hosts[r % len(hosts)].address}:{CROSS_HOST_PORT}" for r in range(n)]
+        place = [hosts[r % len(hosts)] for r in range(n)]
+    else:
+        endpoints = [f"127.0.0.1:{p}" for p in free_ports(n)]
+        place = [LOOPBACK] * n
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "TRAINING_ROLE"))}
     env.setdefault("FLAGS_collective_timeout_s", "120")
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker",
-                               json.dumps({**spec, "rank": r, "endpoints": endpoints})],
+    procs = [subprocess.Popen(place[r].command([sys.executable, __file__, "--worker",
+                                                json.dumps({**spec, "rank": r, "endpoints": endpoints})]),
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(n)]
     results = []
@@ -260,6 +278,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (figures not comparable)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--hosts", type=lambda v: [h for h in v.split(",") if h], default=[],
+                    help="NS1,NS2: also measure across these network namespaces (made by hand), section (d)")
+    ap.add_argument("--netns", action="store_true",
+                    help="also measure across 2 namespaced hosts built here, plain and with --link/--delay")
+    ap.add_argument("--link", default="10gbit", help="the emulated link's rate (tc syntax) for --netns (10gbit)")
+    ap.add_argument("--delay", default="0.1ms", help="the emulated link's one-way delay for --netns (0.1ms; '' none)")
+    ap.add_argument("--skip-loopback", action="store_true",
+                    help="skip (c) and (b)'s 1-process runs (the loopback figures (d) compares with stay)")
     args = ap.parse_args()
     reps, steps = (3, 10) if args.quick else (10, 40)
     report: dict[str, Any] = {"quick": args.quick, "load_before": os.getloadavg()[0]}
@@ -277,12 +303,20 @@ def main() -> None:
 
     print(f"(b) examples/s (global batch 32 split over the trainers, {steps} steps after warm-up){note}")
     print(f"   {'model':>12} {'1 process':>10} {'2 processes':>12} {'scaling':>8}")
+    per_trainer: dict[str, float] = {}
     for name in ("resnet", "transformer"):
-        one = run_job(1, kind="model", name=name, steps=steps, batch=32)[0]["examples_per_s"]
-        two = sum(r["examples_per_s"] for r in run_job(2, kind="model", name=name, steps=steps, batch=32))
+        one = float("nan") if args.skip_loopback else \
+            run_job(1, kind="model", name=name, steps=steps, batch=32)[0]["examples_per_s"]
+        twos = [r["examples_per_s"] for r in run_job(2, kind="model", name=name, steps=steps, batch=32)]
+        two = sum(twos)
+        per_trainer[name] = two / 2
         print(f"   {name:>12} {one:10.0f} {two:12.0f} {two / one:8.2f}")
         report[f"{name}_examples_per_s"] = {"one": one, "two": two, "scaling": two / one}
     print("   (2 processes share the 2 cores that 1 process had: about 1.0 is the ceiling here)")
+    if args.skip_loopback:
+        cross_host(args, reps, steps, t, per_trainer, report, note)
+        finish(args, report)
+        return
 
     print(f"(c) 120 small gradients (60 fc layers of 16), 2 processes, step time ms{note}")
     fused = run_job(2, kind="fusion", fuse_mb=32.0, steps=steps)[0]
@@ -291,10 +325,56 @@ def main() -> None:
           f"({unfused['collectives']} collectives): {unfused['step_s'] * 1e3:.2f}   unfused/fused "
           f"{unfused['step_s'] / fused['step_s']:.2f}")
     report["fusion"] = {"fused_s": fused["step_s"], "unfused_s": unfused["step_s"]}
+    cross_host(args, reps, steps, t, per_trainer, report, note)
+    finish(args, report)
+
+
+def finish(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["load_after"] = os.getloadavg()[0]
     print(f"load average (1 min): {report['load_before']:.2f} before, {report['load_after']:.2f} after")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=2))
+
+
+def cross_host(args: argparse.Namespace, reps: int, steps: int, loop_transport: dict[str, Any],
+               loop_per_trainer: dict[str, float], report: dict[str, Any], note: str) -> None:
+    """Section (d): (a)'s bandwidths and (b)'s 2-process examples/s per trainer across hosts."""
+    if not (args.hosts or args.netns):
+        return
+    print(f"(d) across hosts, trainer r on host r: allreduce (runtime) and raw TCP GB/s, examples/s per trainer "
+          f"(ratio to 127.0.0.1 above){note}")
+    print(f"   {'placement':<22} {'4MiB rt':>8} {'4MiB TCP':>9} {'64MiB rt':>9} {'64MiB TCP':>10} "
+          f"{'resnet':>14} {'transformer':>14} {'load':>5}")
+    rows: dict[str, Any] = {}
+
+    def measure(label: str, hosts: tuple[Host, ...]) -> None:
+        t = run_job(2, hosts, kind="transport", tcp_port=CROSS_HOST_PORT + 10, reps=reps)[1]
+        bw = {size: {k: f["bytes"] / f[f"{k}_s"] / 1e9 for k in ("runtime", "psum", "tcp")} for size, f in t.items()}
+        models = {name: sum(r["examples_per_s"] for r in run_job(2, hosts, kind="model", name=name, steps=steps,
+                                                                  batch=32)) / 2 for name in ("resnet", "transformer")}
+        cells = " ".join(f"{models[n]:7.1f} ({models[n] / loop_per_trainer[n]:4.2f})" for n in models)
+        load = os.getloadavg()[0]
+        print(f"   {label:<22} {bw['4MiB']['runtime']:8.2f} {bw['4MiB']['tcp']:9.2f} {bw['64MiB']['runtime']:9.2f} "
+              f"{bw['64MiB']['tcp']:10.2f} {cells} {load:5.2f}", flush=True)
+        rows[label] = {"allreduce": bw, "per_trainer_examples_per_s": models, "load_1min": load}
+
+    loop_bw = {size: {k: f["bytes"] / f[f"{k}_s"] / 1e9 for k in ("runtime", "tcp")} for size, f in loop_transport.items()}
+    cells = " ".join(f"{loop_per_trainer[n]:7.1f} ({1.0:4.2f})" for n in ("resnet", "transformer"))
+    print(f"   {'127.0.0.1 (a, b)':<22} {loop_bw['4MiB']['runtime']:8.2f} {loop_bw['4MiB']['tcp']:9.2f} "
+          f"{loop_bw['64MiB']['runtime']:9.2f} {loop_bw['64MiB']['tcp']:10.2f} {cells} {os.getloadavg()[0]:5.2f}")
+    try:
+        if args.hosts:
+            measure("@" + ",".join(args.hosts), tuple(existing_hosts(args.hosts)))
+        if args.netns:
+            with Hosts.create(2) as built:
+                measure("@netns", tuple(built.hosts()))
+                shaped = [built.shape(i, rate=args.link, delay=args.delay or None, fallback=True) for i in range(2)]
+                print(f"   links shaped: {shaped[0]} (each host's egress)")
+                measure(f"@netns {args.link}", tuple(built.hosts()))
+    except NetnsError as e:
+        raise SystemExit(f"collective_bench: the cross-host runs could not be set up: {e} "
+                         "(namespaces need root and iproute2; drop --hosts/--netns)") from e
+    report["cross_host"] = rows
 
 
 if __name__ == "__main__":

@@ -31,6 +31,13 @@ measured in one run on 127.0.0.1 against baselines measured in the same run.
 (d) With ``--trust``, every parameter-server job also runs with a job token (``FLOTILLA_JOB_TOKEN``), right
     after its plain run, and the ratios to the plain run are printed (target: >= 0.95). TLS is not measured
     here (its certificates differ per role; see tests/runtime/rpc/test_trust.py).
+(e) Across hosts: ``--hosts NS1,NS2`` (network namespaces made by hand, each with an address) and/or
+    ``--netns`` (two namespaced hosts on a bridge built here by ``tests/netns.py``, 10.213.7.1-2, run
+    plain and then with their links shaped by ``--link RATE`` and ``--delay D``: ``tc netem``, or ``tbf``
+    for the rate alone where the kernel has no netem, which the output then says) run every PS job again
+    with pserver i and trainer i on host i mod n (endpoints on the hosts' addresses, a job token set: a
+    pserver refuses a non-loopback endpoint without one), beside the loopback rows. Building namespaces
+    needs root and iproute2.
 The load average is printed before and after; ``--quick`` figures are marked not comparable.
 
 Every process is started here and only those are killed (on failure, timeout or exit); every wait is
@@ -63,6 +70,7 @@ if __package__ in (None, ""):
 
 from ir.errors import FlotillaError  # noqa: E402
 from runtime.launch import free_ports  # noqa: E402
+from tests.netns import LOOPBACK, Host, Hosts, NetnsError, existing_hosts  # noqa: E402
 
 WORKER = pathlib.Path(__file__).resolve().with_name("ps_bench_worker.py")
 PADDLE_WORKER = WORKER.with_name("paddle_ps_worker.py")
@@ -94,11 +102,11 @@ class Procs:
     running: list[tuple[str, subprocess.Popen[bytes], pathlib.Path]] = field(default_factory=list)
 
     def start(self, tag: str, role: str, *argv: str, python: str = sys.executable,
-              worker: pathlib.Path = WORKER) -> subprocess.Popen[bytes]:
+              worker: pathlib.Path = WORKER, host: Host = LOOPBACK) -> subprocess.Popen[bytes]:
         log = self.tmp / f"{tag}.log"
         with open(log, "wb") as out:
-            proc = subprocess.Popen([python, str(worker), role, *argv], stdout=out, stderr=subprocess.STDOUT,
-                                    env=self.env, cwd=str(REPO))
+            proc = subprocess.Popen(host.command([python, str(worker), role, *argv]), stdout=out,
+                                    stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO))
         self.running.append((tag, proc, log))
         return proc
 
@@ -255,9 +263,25 @@ class Job:
     paddle: str = ""  # the interpreter that runs Paddle's PS on this job instead of Flotilla's
 
 
-def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathlib.Path) -> dict[str, Any]:
-    """Run one job in its own processes; the trainers' JSON results, combined."""
-    jobdir = tmp / job.name.replace(" ", "_")
+@dataclass(frozen=True)
+class Placement:
+    """Where a job's processes run: pserver i and trainer i on ``hosts[i % len(hosts)]``."""
+
+    label: str  # "" for this machine's loopback
+    hosts: tuple[Host, ...] = (LOOPBACK,)
+
+    def host(self, i: int) -> Host:
+        return self.hosts[i % len(self.hosts)]
+
+
+ON_LOOPBACK = Placement("")
+CROSS_HOST_PORT = 6170  # pserver i listens on port 6170 + i of its host (a namespace's own port space)
+
+
+def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathlib.Path,
+            placement: Placement = ON_LOOPBACK) -> dict[str, Any]:
+    """Run one job in its own processes (placed by ``placement``); the trainers' JSON results, combined."""
+    jobdir = tmp / (job.name + placement.label).replace(" ", "_").replace("@", "at_")
     jobdir.mkdir()
     procs = Procs(jobdir, env)
     common = ["--table-rows", str(args.table_rows), "--batch-size", str(args.batch_size), "--warmup",
@@ -272,18 +296,21 @@ def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathli
             outs.append(jobdir / "local.json")
             procs.start("local", "local", "--out", str(outs[0]), *common)
         else:
-            eps = [f"127.0.0.1:{free_ports(1)[0]}" for _ in range(job.pservers)]
+            if placement.label:
+                eps = [f"{placement.host(i).address}:{CROSS_HOST_PORT + i}" for i in range(job.pservers)]
+            else:
+                eps = [f"127.0.0.1:{free_ports(1)[0]}" for _ in range(job.pservers)]
             mode = "async" if job.mode.startswith("geo") else job.mode
             dist = ["--endpoints", ",".join(eps), "--trainers", str(job.trainers), "--mode", mode]
             if job.mode.startswith("geo"):
                 dist += ["--geo-k", job.mode[3:]]
             how: dict[str, Any] = {"python": job.paddle, "worker": PADDLE_WORKER} if job.paddle else {}
             for i, ep in enumerate(eps):
-                procs.start(f"pserver{i}", "pserver", "--endpoint", ep, *dist, *common, **how)
+                procs.start(f"pserver{i}", "pserver", "--endpoint", ep, *dist, *common, host=placement.host(i), **how)
             for t in range(job.trainers):
                 outs.append(jobdir / f"trainer{t}.json")
                 procs.start(f"trainer{t}", "trainer", "--trainer-id", str(t), "--out", str(outs[-1]), *dist, *common,
-                            **how)
+                            host=placement.host(t), **how)
         cpu.start()
         # Paddle's pservers outlive their trainers: the job ends with its trainers (the rest is killed).
         procs.wait_all(args.job_timeout, only="trainer" if job.paddle else "")
@@ -291,6 +318,7 @@ def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathli
         procs.kill()
     results = [json.loads(p.read_text()) for p in outs]
     row = summarise(job, results)
+    row["placement"] = placement.label
     row["cpu_s"] = cpu.seconds
     row["cpu_s_by_process"] = cpu.by_process
     row["cpu_ms_per_kex"] = cpu.seconds / (sum(r["examples"] for r in results) / 1e3) * 1e3 if cpu.seconds else None
@@ -394,24 +422,24 @@ def print_jobs(rows: list[dict[str, Any]], local: float, paddle: str | None) -> 
     print(f"(b) CTR job, examples/s; ref: {source}")
     print("    CPU ms/1k ex: CPU time of every process of the job (pservers included) over the timed steps, per "
           "1,000 examples")
-    print(f"{'job':<20} {'per trainer':>12} {'total':>9} {'total/local':>12} {'per tr./ref':>12} {'CPU ms/1k ex':>13} "
+    print(f"{'job':<24} {'per trainer':>12} {'total':>9} {'total/local':>12} {'per tr./ref':>12} {'CPU ms/1k ex':>13} "
           f"{'loss first->last':>18}")
     for r in rows:
         cpu = f"{r['cpu_ms_per_kex']:13.1f}" if r.get("cpu_ms_per_kex") else f"{'-':>13}"
         ref = f"{r['per_trainer'] / reference(rows, r['job'])[0]:12.2f}" if r["pservers"] and not r.get("paddle") \
             else f"{'-':>12}"
-        print(f"{r['job']:<20} {r['per_trainer']:12,.0f} {r['total']:9,.0f} {r['total'] / local:12.2f} "
+        print(f"{r['job']:<24} {r['per_trainer']:12,.0f} {r['total']:9,.0f} {r['total'] / local:12.2f} "
               f"{ref} {cpu} {r['loss_first']:8.4f} -> {r['loss_last']:.4f}")
     print()
     print("(c) bytes on the wire per trainer step (requests + replies), KB = 1e3 bytes")
-    print(f"{'job':<20} {'send':>8} {'get':>8} {'prefetch':>9} {'other':>6} {'total':>8} {'minimum':>8} "
+    print(f"{'job':<24} {'send':>8} {'get':>8} {'prefetch':>9} {'other':>6} {'total':>8} {'minimum':>8} "
           f"{'tot/min':>8} {'grad rows':>10} {'unique':>7} {'rows/uniq':>10} {'sparse/min':>11}")
     for r in rows:
         w = r.get("wire")
         if not w:
             continue
         m = w["by_method"]
-        print(f"{r['job']:<20} {m.get('send', 0) / 1e3:8.0f} {m.get('get', 0) / 1e3:8.0f} "
+        print(f"{r['job']:<24} {m.get('send', 0) / 1e3:8.0f} {m.get('get', 0) / 1e3:8.0f} "
               f"{m.get('prefetch', 0) / 1e3:9.0f} {m.get('other', 0) / 1e3:6.1f} {w['bytes_per_step'] / 1e3:8.0f} "
               f"{w['min_bytes_per_step'] / 1e3:8.0f} {w['bytes_per_step'] / w['min_bytes_per_step']:8.2f} "
               f"{w['sparse_rows_per_step']:10.0f} {w['unique_ids_per_step']:7.0f} "
@@ -433,7 +461,7 @@ def print_summary(tcp: dict[int, dict[str, float]], grpc_: dict[int, dict[str, f
             goal(f"transport {m} MiB {d}, gRPC / raw TCP", grpc_[m][d] / tcp[m][d], TRANSPORT_TARGET,
                  f"{grpc_[m][d]:.2f} / {tcp[m][d]:.2f} GB/s")
     for r in rows:
-        if not r["pservers"] or r.get("paddle") or "+" in r["job"]:
+        if not r["pservers"] or r.get("paddle") or "+" in r["job"] or r.get("placement"):
             continue
         ref, source = reference(rows, r["job"])
         if r["job"] == "1x2 async":
@@ -487,6 +515,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="an interpreter with paddlepaddle 2.6.2 (a bench-only extra, e.g. a separate venv)")
     ap.add_argument("--trust", action="store_true",
                     help="also run every PS job with a job token and print the ratios to the plain run")
+    ap.add_argument("--hosts", type=lambda v: [h for h in v.split(",") if h], default=[],
+                    help="NS1,NS2,...: also run every PS job across these network namespaces (made by hand)")
+    ap.add_argument("--netns", action="store_true",
+                    help="also run every PS job across 2 namespaced hosts built here, plain and with --link/--delay")
+    ap.add_argument("--link", default="10gbit", help="the emulated link's rate (tc syntax) for --netns (10gbit)")
+    ap.add_argument("--delay", default="0.1ms", help="the emulated link's one-way delay for --netns (0.1ms; '' none)")
     args = ap.parse_args(argv)
     quick = args.quick
     args.sizes_mib = args.sizes_mib or ([4] if quick else [4, 64])
@@ -497,6 +531,49 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if min(args.sizes_mib) < 1 or args.reps < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("--sizes-mib, --reps and --steps must be at least 1 and --warmup at least 0")
     return args
+
+
+def cross_host_jobs(jobs: list[Job], args: argparse.Namespace, env: dict[str, str], tmp: pathlib.Path) -> list[dict[str, Any]]:
+    """The PS jobs again across ``--hosts`` and (``--netns``) across 2 namespaced hosts, plain and shaped."""
+    env = {**env, "FLOTILLA_JOB_TOKEN": os.urandom(32).hex()}
+    rows: list[dict[str, Any]] = []
+
+    def run_all(placement: Placement) -> None:
+        for job in jobs:
+            if job.pservers:
+                start = time.perf_counter()
+                rows.append(run_job(Job(f"{job.name} {placement.label}", job.pservers, job.trainers, job.mode),
+                                    args, env, tmp, placement))
+                print(f"{rows[-1]['job']}: {rows[-1]['per_trainer']:,.0f} examples/s per trainer, "
+                      f"{rows[-1]['total']:,.0f} total ({time.perf_counter() - start:.1f}s with start-up, "
+                      f"load {os.getloadavg()[0]:.2f})", flush=True)
+
+    if args.hosts:
+        run_all(Placement("@" + ",".join(args.hosts), tuple(existing_hosts(args.hosts))))
+    if args.netns:
+        with Hosts.create(2) as built:
+            run_all(Placement("@netns", tuple(built.hosts())))
+            shaped = [built.shape(i, rate=args.link, delay=args.delay or None, fallback=True)
+                      for i in range(2)]
+            print(f"links shaped: {shaped[0]} (each host's egress)", flush=True)
+            run_all(Placement(f"@netns {args.link}", tuple(built.hosts())))
+    return rows
+
+
+def print_cross_host(rows: list[dict[str, Any]]) -> None:
+    """Per trainer examples/s of each PS job on loopback and across hosts, and the ratio."""
+    loop = {r["job"]: r for r in rows if not r.get("placement") and r["pservers"] and "+" not in r["job"]}
+    cross = [r for r in rows if r.get("placement")]
+    if not cross:
+        return
+    print()
+    print("(e) across hosts: per trainer examples/s, against the same job on 127.0.0.1 in this run")
+    print(f"{'job':<12} {'placement':<20} {'per trainer':>12} {'loopback':>10} {'ratio':>7} {'total':>9}")
+    for r in cross:
+        base = r["job"][:-len(r["placement"]) - 1]
+        lp = loop.get(base)
+        ref = f"{lp['per_trainer']:10,.0f} {r['per_trainer'] / lp['per_trainer']:7.2f}" if lp else f"{'-':>10} {'-':>7}"
+        print(f"{base:<12} {r['placement']:<20} {r['per_trainer']:12,.0f} {ref} {r['total']:9,.0f}")
 
 
 def warmup_steps(job: Job, warmup: int) -> int:
@@ -604,6 +681,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 else:
                     print(f"{theirs.name} ({paddle}): {rows[-1]['per_trainer']:,.0f} examples/s per trainer",
                           flush=True)
+        if args.hosts or args.netns:
+            try:
+                rows += cross_host_jobs(jobs, args, env, tmp)
+            except NetnsError as e:
+                raise BenchError(f"the cross-host runs could not be set up: {e}",
+                                 hint="namespaces need root and iproute2; drop --hosts/--netns") from e
     local = rows[0]["total"]
     if tcp:
         print_transport(tcp, grpc_)
@@ -611,6 +694,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, why in paddle_failures.items():
         print(f"  {name}: Paddle's run failed ({why}); see its log")
     print_trust(rows)
+    print_cross_host(rows)
     print_summary(tcp, grpc_, rows, local, paddle)
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min): {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f} before, "

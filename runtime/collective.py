@@ -525,7 +525,8 @@ def describe_failure(error: BaseException) -> CollectiveError:
     global _failed
     _failed = True
     missing = _missing_ranks()
-    who = f"trainer(s) {missing} left the group" if missing else "a peer trainer left the group"
+    lost = f" ({', '.join(_group.endpoints[r] for r in missing)})" if missing and _group is not None else ""
+    who = f"trainer(s) {missing}{lost} left the group" if missing else "a peer trainer left the group"
     size = f" of {_group.nranks} trainers" if _group is not None else ""
     return CollectiveError(f"a collective step{size} failed: {who} ({str(error).splitlines()[0]})",
                            hint="see the failed trainer's log; the job cannot continue without it")

@@ -1,9 +1,14 @@
-"""Shared pytest setup: the ``--update-goldens`` option and the ``golden`` fixture."""
+"""Shared pytest setup: the ``--update-goldens`` option, the ``golden`` fixture, and ``netns_hosts`` (hosts
+as network namespaces, ``tests/netns.py``)."""
 from __future__ import annotations
 
 import pathlib
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.netns import Hosts
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,3 +39,27 @@ class Golden:
 def golden(request: pytest.FixtureRequest) -> Golden:
     folder = pathlib.Path(request.fspath).parent / "goldens"
     return Golden(folder, request.config.getoption("--update-goldens"))
+
+
+@pytest.fixture
+def netns_hosts() -> Iterator[Callable[..., "Hosts"]]:
+    """A factory of namespaced hosts (``tests.netns.Hosts.create(n, resolve_hostname=True)``); every cluster
+    made is closed at teardown (processes killed, namespaces deleted), pass or fail. Skips, with the
+    reason, where network namespaces cannot be made."""
+    from tests.netns import Hosts, NetnsUnavailable
+
+    made: list[Hosts] = []
+
+    def make(n: int, resolve_hostname: bool = True) -> Hosts:
+        try:
+            hosts = Hosts.create(n, resolve_hostname=resolve_hostname)
+        except NetnsUnavailable as e:
+            pytest.skip(str(e))
+        made.append(hosts)
+        return hosts
+
+    try:
+        yield make
+    finally:
+        for hosts in made:
+            hosts.close()

@@ -147,7 +147,7 @@ def test_a_trainer_that_dies_fails_the_other_naming_it(tmp_path: pathlib.Path, p
     code0, text0 = procs.wait(p0, timeout=60)
     assert code1 == 3
     assert code0 == 1, text0[-3000:]  # the Flotilla error, then exit 1: no SIGABRT from JAX's shutdown
-    assert "trainer(s) [1] left the group" in text0, text0[-3000:]
+    assert f"trainer(s) [1] ({endpoints.split(',')[1]}) left the group" in text0, text0[-3000:]
     assert "Check failure stack trace" not in text0, text0[-3000:]
     assert time.monotonic() - start < 60
 

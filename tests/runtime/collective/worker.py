@@ -5,7 +5,9 @@ sets it), then trains each configuration of ``CONFIGS`` named by ``--configs`` f
 shard (rows ``rank::nranks``) of every batch, one group for all of them, and saves each configuration's
 parameters to ``DIR/<config>.rank<r>.npz``. ``--die-at-step K`` makes it exit abruptly (status 3) before
 step K of the first configuration, as a crashed trainer would. ``--lr-factor F`` scales the learning
-rate and ``--momentum MU`` sets Momentum's (0.9) (a rank given another value runs another program). ``--devices`` (with
+rate and ``--momentum MU`` sets Momentum's (0.9) (a rank given another value runs another program). ``--steps N`` trains N steps instead of ``STEPS``; ``--pause S`` sleeps S seconds after each step of
+the first configuration and prints ``trainer <r>: step <k> done`` (a job that is still running when a
+test takes a host down). ``--devices`` (with
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, one process) trains through
 ``CompiledProgram.with_data_parallel`` instead.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -89,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices", action="store_true")
     ap.add_argument("--lr-factor", type=float, default=1.0)
     ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--pause", type=float, default=0.0)
     args = ap.parse_args(argv)
     if args.devices:
         for name in args.configs.split(","):
@@ -117,11 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         exe, scope = runtime.Executor(), runtime.Scope()
         exe.run(t.get_trainer_startup_program(), scope=scope)
         trainer = t.get_trainer_program()
-        for step, (x, y) in enumerate(batches()):
+        for step, (x, y) in enumerate(batches(args.steps)):
             if i == 0 and args.die_at_step == step and args.die_rank in (None, rank):
                 print(f"trainer {rank}: dying before step {step}", flush=True)
                 os._exit(3)
             exe.run(trainer, feed={"x": x[rank::nranks], "y": y[rank::nranks]}, fetch_list=[loss], scope=scope)
+            if i == 0 and args.pause:
+                print(f"trainer {rank}: step {step} done", flush=True)
+                time.sleep(args.pause)
         np.savez(os.path.join(args.out, f"{name}.rank{rank}.npz"), **params_of(main_p, scope))
         print(f"trainer {rank}: {name} done", flush=True)
     return 0
