@@ -55,6 +55,7 @@ AXIS = "dp"
 TIMEOUT_ENV = "FLAGS_collective_timeout_s"
 HEARTBEAT_ENV = "FLAGS_collective_heartbeat_s"
 TOKEN_ENV = "FLOTILLA_JOB_TOKEN"
+GLOO_INTERFACE_ENV = "FLOTILLA_GLOO_INTERFACE"  # gloo's interface by name, instead of the trainer endpoint's address
 _MAGIC = b"FLT2"  # rendezvous hello: magic, rank, token digest, program fingerprint (length-prefixed JSON)
 _GO, _ABORT, _MISMATCH = b"G", b"A", b"M"
 MAX_FINGERPRINT = 64 << 20  # bytes of a fingerprint a leader reads (a startup program is far smaller)
@@ -136,6 +137,7 @@ def join_group(trainer_id: int, endpoints: Sequence[str], program: Any = None) -
     gpus = os.environ.get("FLAGS_selected_gpus", "").strip()
     if gpus and _has_gpu_platform():
         kwargs["local_device_ids"] = [int(g) for g in gpus.split(",")]
+    _bind_gloo(parse_endpoint(eps[trainer_id], "trainer endpoint")[0])
     jax.distributed.initialize(coordinator_address=eps[0], num_processes=len(eps), process_id=trainer_id,
                                coordinator_bind_address=eps[0] if trainer_id == 0 else None,
                                initialization_timeout=max(1, int(timeout)),
@@ -143,6 +145,27 @@ def join_group(trainer_id: int, endpoints: Sequence[str], program: Any = None) -
     _group = Group(trainer_id, eps)
     atexit.register(_exit_if_broken)  # runs before JAX's own exit handler, registered when JAX was imported
     return _group
+
+
+def _bind_gloo(host: str) -> None:
+    """Make JAX's CPU client use gloo on this trainer's own address (``host``, from its endpoint), or on the
+    interface ``FLOTILLA_GLOO_INTERFACE`` names. Left alone, gloo binds and advertises whatever this host's
+    name resolves to (often 127.0.1.1 or another interface than the job's). Must run before JAX's backends
+    exist: it replaces the CPU backend's factory, which JAX calls when the first computation needs it."""
+    from jax._src import distributed, xla_bridge
+    from jaxlib import _jax
+
+    if jax.config.jax_cpu_collectives_implementation not in (None, "gloo"):
+        return  # another transport (MPI) chooses its own interfaces
+    interface = os.environ.get(GLOO_INTERFACE_ENV, "").strip() or None
+
+    def make_cpu_client() -> Any:
+        collectives = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client,
+                                                     hostname=None if interface else host.strip("[]"),
+                                                     interface=interface)
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", make_cpu_client, priority=0, fail_quietly=False)
 
 
 _checked: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # program -> version checked

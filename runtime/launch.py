@@ -13,6 +13,21 @@ is the group's rendezvous and coordinator::
     python -m runtime.launch --trainers 127.0.0.1:6170,127.0.0.1:6171 train.py
     python -m runtime.launch --gpus 0,1 train.py        # one trainer a GPU, FLAGS_selected_gpus=<its GPU>
 
+Jobs spanning hosts: run the launcher on every host with the same arguments. Each host starts the
+processes listed at its own addresses (those an interface here has: binding them succeeds), or at
+``--node_ip``; the others are named as started by the other hosts' launchers::
+
+    python -m runtime.launch --servers 10.0.0.1:6174,10.0.0.2:6174 --workers 10.0.0.1,10.0.0.2 train.py
+    python -m runtime.launch --ips 10.0.0.1,10.0.0.2 --nproc_per_node 2 [--started_port 6170] train.py
+
+Every host must derive the same endpoints, so no port of a job spanning hosts comes from the OS: an entry
+without a port gets ``--started_port`` (default 6170) plus its position among such entries (``--ips``:
+host k's local rank j is trainer k*N+j at ``ip_k:started_port+j``). Such a job needs one secret on every
+host, ``FLOTILLA_JOB_TOKEN`` (or mutual TLS): the launcher refuses to start without it. A lost host
+ends the job on the others through their own processes' bounded waits (a trainer's RPC deadline names
+the lost pserver endpoint; a pserver's trainer timeout names the trainer ids; a collective trainer names
+the endpoints that left the group), after which each launcher stops its local share as usual.
+
 Each child gets Paddle's variables (``TRAINING_ROLE``, ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``,
 ``PADDLE_PSERVERS_IP_PORT_LIST``, ``PADDLE_CURRENT_ENDPOINT``, ``PADDLE_PORT``, ``POD_IP``,
 ``PADDLE_TRAINER_ENDPOINTS``; ``runtime.role.role_from_env`` reads them back) and ``PYTHONUNBUFFERED=1``,
@@ -48,6 +63,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import errno
 import math
 import os
 import secrets
@@ -61,11 +77,12 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO, Callable, Mapping, NoReturn, Sequence
 
-from runtime.flags import TOKEN_ENV as JOB_TOKEN_ENV
+from runtime.flags import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TOKEN_ENV as JOB_TOKEN_ENV
 from runtime.role import (LaunchError, ROLE_ENV_VARS, format_endpoint, parse_endpoint, parse_endpoint_list)
 
 PROG = "python -m runtime.launch"
 LOCAL_HOST = "127.0.0.1"
+DEFAULT_STARTED_PORT = 6170  # Paddle's launcher's first port, for jobs whose hosts must agree on their ports
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -108,8 +125,15 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                       help="start N trainers with PADDLE_TRAINER_ENDPOINTS set and no pservers")
     coll.add_argument("--trainers", default=None, metavar="IP:PORT,...",
                       help="the collective trainers' endpoints (instead of --nproc_per_node)")
+    coll.add_argument("--ips", "--cluster_node_ips", dest="ips", default=None, metavar="IP,IP,...",
+                      help="the job's hosts, in order: host k runs trainers k*N..k*N+N-1 (N: --nproc_per_node) "
+                           "at IP:P, IP:P+1, ... (P: --started_port, default 6170); run the launcher on each")
     coll.add_argument("--gpus", "--selected_gpus", dest="gpus", default=None, metavar="I,J,...",
-                      help="one trainer a GPU: trainer k gets FLAGS_selected_gpus=<k-th id>")
+                      help="one trainer a GPU: trainer k gets FLAGS_selected_gpus=<k-th id> (with --ips: the "
+                           "local rank's id)")
+    parser.add_argument("--node_ip", default=None, metavar="IP",
+                        help="this host's address in the job's lists: start only the processes listed at it "
+                             "(default: every process whose address belongs to an interface of this host)")
     parser.add_argument("--log_dir", default=None, metavar="DIR",
                         help="write each process's output to DIR/serverlog.<i> or DIR/workerlog.<i>")
     parser.add_argument("--started_port", type=int, default=None, metavar="P",
@@ -148,6 +172,7 @@ class JobPlan:
     script_args: tuple[str, ...]
     log_dir: str | None
     stop_timeout: float
+    remote: tuple[str, ...] = ()  # tags of the processes other hosts' launchers start
 
 
 def _usage(message: str, hint: str | None = None) -> LaunchError:
@@ -178,8 +203,10 @@ def _hosts_and_ports(text: str, flag: str) -> list[tuple[str, int | None]]:
     return out
 
 
-def plan_job(args: argparse.Namespace) -> JobPlan:
-    """Validate the parsed arguments, choose ports and build every process's role variables."""
+def plan_job(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> JobPlan:
+    """Validate the parsed arguments, choose ports and build every process's role variables; keep the
+    processes this host starts (``environ``, ``os.environ`` by default, is checked for the job token)."""
+    environ = os.environ if environ is None else environ
     if not math.isfinite(args.stop_timeout) or args.stop_timeout < 0:
         raise _usage(f"--stop_timeout is {args.stop_timeout}: expected a number of seconds, 0 or more")
     if args.started_port is not None and not 1 <= args.started_port <= 65535:
@@ -188,23 +215,14 @@ def plan_job(args: argparse.Namespace) -> JobPlan:
                                ("--servers", args.servers), ("--workers", args.workers)) if v is not None]
     gpus = _gpu_ids(args.gpus) if args.gpus is not None else None
     coll_flags = [f for f, v in (("--nproc_per_node", args.nproc_per_node), ("--trainers", args.trainers),
-                                 ("--gpus", args.gpus)) if v is not None]
+                                 ("--ips", args.ips), ("--gpus", args.gpus)) if v is not None]
+    local_gpus: dict[int, int] = {}  # trainer index -> its GPU
     if coll_flags:
         if ps_flags:
             raise _usage(f"{', '.join(coll_flags)} (collective mode) cannot be combined with {', '.join(ps_flags)} "
                          "(parameter-server mode)", hint="choose one mode")
         servers: list[tuple[str, int | None]] = []
-        if args.trainers is not None:
-            workers = [parse_endpoint(ep, "--trainers") for ep in parse_endpoint_list(args.trainers, "--trainers")]
-        else:
-            count = args.nproc_per_node if args.nproc_per_node is not None else len(gpus or [])
-            workers = [(LOCAL_HOST, None)] * _count(count, "--nproc_per_node")
-        if args.nproc_per_node is not None and len(workers) != args.nproc_per_node:
-            raise _usage(f"--nproc_per_node {args.nproc_per_node} but --trainers lists {len(workers)} endpoint(s)",
-                         hint="give one of them, or make them agree")
-        if gpus is not None and len(gpus) != len(workers):
-            raise _usage(f"--gpus lists {len(gpus)} GPU(s) for {len(workers)} trainer(s)",
-                         hint="one GPU a trainer: as many ids as trainers")
+        workers = _collective_workers(args, gpus, local_gpus)
         mode = "collective"
     else:
         if not ps_flags:
@@ -221,17 +239,38 @@ def plan_job(args: argparse.Namespace) -> JobPlan:
 
     wanted = [(PSERVER_KIND, i, host, port) for i, (host, port) in enumerate(servers)]
     wanted += [(TRAINER_KIND, i, host, port) for i, (host, port) in enumerate(workers)]
-    fresh = iter(pick_ports([(host, f"{kind}.{i}") for kind, i, host, port in wanted if port is None],
-                            args.started_port))
+    mine = _own_hosts(args.node_ip, [host for _, _, host, _ in wanted])
+    spans_hosts = any(host not in mine for _, _, host, _ in wanted)
+    if spans_hosts:
+        _require_shared_secret(environ, sorted({host for _, _, host, _ in wanted if host not in mine}))
+    portless = [(host, f"{kind}.{i}") for kind, i, host, port in wanted if port is None]
+    if spans_hosts:  # every host must derive the same ports: no OS-chosen ones
+        base = args.started_port if args.started_port is not None else DEFAULT_STARTED_PORT
+        fresh = iter(_consecutive_ports(base, len(portless), "--started_port"))
+    else:
+        fresh = iter(pick_ports(portless, args.started_port))
     endpoints: dict[str, str] = {}  # endpoint -> the process it belongs to
+    local: set[str] = set()  # tags of the processes this host starts
     for kind, i, host, port in wanted:
         endpoint = format_endpoint(host, port if port is not None else next(fresh))
         if endpoint in endpoints:
             raise LaunchError(f"endpoint {endpoint} is given to {endpoints[endpoint]} and to {kind}.{i}",
                               hint="every process needs an endpoint of its own", code="E803")
         endpoints[endpoint] = f"{kind}.{i}"
-        if port is not None:  # a port the user chose: make sure it is usable before starting anything
-            _check_port_free(host, port, f"{kind}.{i}", "--servers" if kind == PSERVER_KIND else "--workers")
+        if host not in mine:
+            continue
+        local.add(f"{kind}.{i}")
+        if port is not None or spans_hosts:  # a port not from the OS: make sure it is usable before starting
+            source = "--servers" if kind == PSERVER_KIND else ("--workers" if mode == "pserver" else "--trainers")
+            if port is None:
+                source = f"--started_port {args.started_port or DEFAULT_STARTED_PORT}"
+            if kind == PSERVER_KIND or mode == "collective":  # PS-mode trainers bind no port
+                _check_port_free(host, int(endpoint.rsplit(":", 1)[1]), f"{kind}.{i}", source)
+    if not local:
+        raise LaunchError(f"this host matches no process of the job: its addresses {sorted(mine) or '(none listed)'} "
+                          f"are not among the job's hosts {sorted({h for _, _, h, _ in wanted})}",
+                          hint="run the launcher on the hosts the lists name, give this host's address with "
+                               "--node_ip, or fix the lists", code="E813")
     ordered = list(endpoints)  # pservers first, then trainers
     server_eps = tuple(ordered[:len(servers)])
     worker_eps = tuple(ordered[len(servers):])
@@ -247,11 +286,101 @@ def plan_job(args: argparse.Namespace) -> JobPlan:
                              f"serverlog.{i}") for i in range(len(server_eps))]
     processes += [ProcessSpec(f"{TRAINER_KIND}.{i}", TRAINER_KIND, i,
                               {**trainer_env(server_eps, worker_eps, i),
-                               **({"FLAGS_selected_gpus": str(gpus[i])} if gpus is not None else {})},
+                               **({"FLAGS_selected_gpus": str(local_gpus[i])} if i in local_gpus else {})},
                               f"workerlog.{i}") for i in range(len(worker_eps))]
     return JobPlan(mode=mode, pserver_endpoints=server_eps, trainer_endpoints=worker_eps,
-                   processes=tuple(processes), script=script, script_args=tuple(args.training_script_args),
-                   log_dir=args.log_dir, stop_timeout=float(args.stop_timeout))
+                   processes=tuple(p for p in processes if p.tag in local), script=script,
+                   script_args=tuple(args.training_script_args), log_dir=args.log_dir,
+                   stop_timeout=float(args.stop_timeout),
+                   remote=tuple(p.tag for p in processes if p.tag not in local))
+
+
+def _collective_workers(args: argparse.Namespace, gpus: list[int] | None,
+                        local_gpus: dict[int, int]) -> list[tuple[str, int | None]]:
+    """Collective mode's trainers: ``--trainers`` endpoints, ``--ips`` hosts times ``--nproc_per_node``, or
+    ``--nproc_per_node`` (or one a ``--gpus`` id) on 127.0.0.1; fills ``local_gpus`` (trainer -> GPU)."""
+    if args.trainers is not None and args.ips is not None:
+        raise _usage("--trainers and --ips both given", hint="give the endpoints, or the hosts with --nproc_per_node")
+    per_node = args.nproc_per_node
+    if args.ips is not None:
+        ips = [parse_endpoint(f"{ip.strip()}:1", "--ips")[0] if ip.strip() else "" for ip in args.ips.split(",")]
+        if "" in ips or len(set(ips)) != len(ips):
+            raise LaunchError(f"--ips {args.ips!r} must list distinct hosts, none empty",
+                              hint="e.g. --ips 10.0.0.1,10.0.0.2", code="E803")
+        per_node = _count(per_node if per_node is not None else len(gpus or []) or 1, "--nproc_per_node")
+        base = args.started_port if args.started_port is not None else DEFAULT_STARTED_PORT
+        ports = _consecutive_ports(base, per_node, "--started_port")
+        workers: list[tuple[str, int | None]] = [(ip, port) for ip in ips for port in ports]
+        if gpus is not None and len(gpus) != per_node:
+            raise _usage(f"--gpus lists {len(gpus)} GPU(s) for {per_node} trainer(s) a host",
+                         hint="with --ips, one GPU id a local trainer: as many ids as --nproc_per_node")
+        if gpus is not None:
+            local_gpus.update({k: gpus[k % per_node] for k in range(len(workers))})
+        return workers
+    if args.trainers is not None:
+        workers = [parse_endpoint(ep, "--trainers") for ep in parse_endpoint_list(args.trainers, "--trainers")]
+    else:
+        count = per_node if per_node is not None else len(gpus or [])
+        workers = [(LOCAL_HOST, None)] * _count(count, "--nproc_per_node")
+    if per_node is not None and len(workers) != per_node:
+        raise _usage(f"--nproc_per_node {per_node} but --trainers lists {len(workers)} endpoint(s)",
+                     hint="give one of them, or make them agree")
+    if gpus is not None and len(gpus) != len(workers):
+        raise _usage(f"--gpus lists {len(gpus)} GPU(s) for {len(workers)} trainer(s)",
+                     hint="one GPU a trainer: as many ids as trainers")
+    if gpus is not None:
+        local_gpus.update(enumerate(gpus))
+    return workers
+
+
+def _consecutive_ports(base: int, n: int, flag: str) -> list[int]:
+    if base + n - 1 > 65535:
+        raise _usage(f"{flag} {base} leaves no room for {n} port(s) below 65536", hint=f"choose a lower {flag}")
+    return list(range(base, base + n))
+
+
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is an address of an interface of this host: binding a socket
+    to it succeeds (any 127.x address is this host's on Linux). A name that does not resolve is an error."""
+    family = socket.AF_INET6 if host.startswith("[") or ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host.strip("[]"), 0))
+        return True
+    except socket.gaierror as e:
+        raise LaunchError(f"host {host!r} does not resolve: {e.strerror or e}",
+                          hint="give hosts as IP addresses, or names this host can resolve", code="E803") from None
+    except OSError as e:
+        if e.errno == errno.EADDRNOTAVAIL:
+            return False
+        raise LaunchError(f"cannot tell whether {host} is an address of this host: {e.strerror or e}",
+                          code="E811") from None
+    finally:
+        sock.close()
+
+
+def _own_hosts(node_ip: str | None, hosts: Sequence[str]) -> set[str]:
+    """The hosts of the job's lists that are this host: ``--node_ip`` alone when given (it must be an
+    address here), else every listed host that is an address of this host."""
+    if node_ip is not None:
+        node = parse_endpoint(f"{node_ip.strip()}:1", "--node_ip")[0]
+        if not is_local_address(node):
+            raise LaunchError(f"--node_ip {node_ip} is not an address of this host",
+                              hint="give an address of one of this host's interfaces ('ip addr' lists them)",
+                              code="E813")
+        return {node}
+    return {host for host in dict.fromkeys(hosts) if is_local_address(host)}
+
+
+def _require_shared_secret(environ: Mapping[str, str], others: Sequence[str]) -> None:
+    """A job spanning hosts authenticates its processes with one secret set everywhere by hand (or mutual TLS)."""
+    if environ.get(JOB_TOKEN_ENV) or (environ.get(TLS_CERT_ENV) and environ.get(TLS_CA_ENV)):
+        return
+    raise LaunchError(f"this job spans hosts (also {', '.join(others)}) but {JOB_TOKEN_ENV} is not set: its processes "
+                      "could not tell each other from anyone who reaches their ports",
+                      hint=f"make one secret and set it on every host before launching: export {JOB_TOKEN_ENV}=$(python "
+                           "-c \"import secrets; print(secrets.token_hex(32))\") (or configure mutual TLS: "
+                           f"{TLS_CERT_ENV}, {TLS_KEY_ENV}, {TLS_CA_ENV})", code="E813")
 
 
 def _gpu_ids(text: str) -> list[int]:
@@ -563,6 +692,10 @@ class _Job:
 
     def start(self) -> None:
         command = [sys.executable, self.plan.script, *self.plan.script_args]
+        if self.plan.remote:
+            self.out.status(f"this host starts {len(self.plan.processes)} of the job's "
+                            f"{len(self.plan.processes) + len(self.plan.remote)} processes; the launchers of the "
+                            f"other hosts start {', '.join(self.plan.remote)}")
         preexec = die_with_parent()
         for spec in self.plan.processes:  # pservers come first in the plan
             log = None
@@ -607,7 +740,7 @@ class _Job:
             running = self.running()
             if not running:
                 return EXIT_OK
-            if all(t.returncode == 0 for t in trainers):
+            if trainers and all(t.returncode == 0 for t in trainers):
                 now = time.monotonic()
                 if trainers_done_at is None:
                     trainers_done_at = now
