@@ -11,8 +11,11 @@ Variables read (Paddle's names): ``TRAINING_ROLE`` (``PSERVER`` | ``TRAINER``), 
 ``PADDLE_TRAINERS_NUM``, ``PADDLE_PSERVERS_IP_PORT_LIST`` (``ip:port,ip:port``),
 ``PADDLE_CURRENT_ENDPOINT`` (or ``POD_IP`` + ``PADDLE_PORT`` for a pserver), ``PADDLE_TRAINER_ENDPOINTS``.
 
+Without Paddle's variables, a process started by ``mpirun``/``mpiexec`` (Open MPI, MPICH) or ``srun``
+(Slurm) is a collective trainer whose rank and size are the scheduler's (``scheduler_env``).
+
 Invariants:
-- With none of these variables set the role is a local, single-process trainer (id 0 of 1 trainer, no
+- With none of these variables set (and no MPI or Slurm rank) the role is a local, single-process trainer (id 0 of 1 trainer, no
   pservers), so a script also runs standalone.
 - A variable set to the empty string counts as unset. Roles are matched case-insensitively.
 - Every invalid value raises ``LaunchError`` naming the variable, the value found, what was expected
@@ -25,6 +28,7 @@ Invariants:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -56,7 +60,8 @@ class LaunchError(FlotillaError):
     Codes: E801 unknown role, E802 a bad integer (trainer count or id), E803 a malformed endpoint or
     endpoint list, E804 a pserver without a valid endpoint of its own, E805 variables that contradict
     each other, E810 bad launcher arguments, E811 a port that cannot be used, E812 a missing file or
-    an unusable log directory.
+    an unusable log directory, E806 an MPI or Slurm environment that does not describe a job, E813 a job
+    spanning hosts that this host cannot take part in (no address here, no shared secret).
     """
 
     code = "E800"
@@ -172,6 +177,10 @@ def role_from_env(environ: Mapping[str, str] | None = None) -> Role:
     Raises ``LaunchError`` naming the variable, its value and the fix for any invalid value.
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
+    if not any(_get(env, name) for name in PADDLE_JOB_VARS):
+        scheduled = scheduler_env(env)
+        if scheduled is not None:
+            env = {**env, **scheduled}
     role_text = _get(env, "TRAINING_ROLE")
     role = TRAINER if role_text is None else role_text.upper()
     if role not in ROLES:
@@ -251,3 +260,154 @@ def _trainer_endpoint(env: Mapping[str, str], trainer_eps: Sequence[str], traine
                           hint="a trainer's current endpoint is its own entry of PADDLE_TRAINER_ENDPOINTS: fix one "
                                "of them, or unset PADDLE_CURRENT_ENDPOINT", code="E805")
     return listed
+
+
+# --- roles from MPI and Slurm --------------------------------------------------------------------------
+
+#: Paddle's variables that describe a job: with any of them set, the scheduler's variables are not read.
+PADDLE_JOB_VARS = ("TRAINING_ROLE", "PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS",
+                   "PADDLE_PSERVERS_IP_PORT_LIST")
+COORDINATOR_ENV = "FLOTILLA_COORDINATOR"
+DEFAULT_COORDINATOR_PORT = 6170
+#: (rank, size, local size) variables of each launcher that starts a collective job without Flotilla's.
+SCHEDULERS = (
+    ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("MPICH", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"),
+    ("Slurm", "SLURM_PROCID", "SLURM_NTASKS", None),
+)
+
+
+def scheduler_env(env: Mapping[str, str]) -> dict[str, str] | None:
+    """Paddle's variables for a collective trainer started by ``mpirun``/``mpiexec`` (Open MPI, MPICH) or
+    ``srun`` (Slurm), from their variables; None when none of them started this process.
+
+    Trainer id and count are the scheduler's rank and size. Trainer r's endpoint is ``host:P+r`` where P is
+    the coordinator's port: the coordinator (trainer 0's endpoint, the group's rendezvous) is
+    ``FLOTILLA_COORDINATOR=host:port``, else torchrun's ``MASTER_ADDR``/``MASTER_PORT``, else (Slurm) the
+    first node of ``SLURM_STEP_NODELIST`` on port 6170, else (every rank on this host) 127.0.0.1:6170.
+    Slurm places rank r on its node by ``SLURM_STEP_TASKS_PER_NODE`` (block distribution, srun's
+    default); an MPI job spanning hosts must name its coordinator, and a rank's own host is then the
+    address this host reaches the coordinator from (ranks on other hosts are listed at the coordinator's
+    host: only the coordinator's entry and a rank's own are used)."""
+    for name, rank_var, size_var, local_size_var in SCHEDULERS:
+        if _get(env, rank_var) is None:
+            continue
+        size = _get_int(env, size_var, 1, f"the number of {name} ranks")
+        if size is None:
+            raise LaunchError(f"{rank_var} is set but {size_var} is not: cannot tell the number of trainers",
+                              hint=f"start the job with {name}'s launcher, which sets both", code="E806")
+        rank = _get_int(env, rank_var, 0, f"a {name} rank below {size_var}={size}")
+        assert rank is not None
+        if rank >= size:
+            raise LaunchError(f"{rank_var}={rank} is out of range for {size_var}={size}", code="E806")
+        if name == "Slurm":
+            nodes = expand_hostlist(_get(env, "SLURM_STEP_NODELIST") or _get(env, "SLURM_JOB_NODELIST") or "")
+            hosts = _slurm_task_hosts(env, nodes, size)
+            coordinator = _coordinator(env, hosts[0] if hosts else None)
+        else:
+            local_size = _get_int(env, local_size_var, 1, f"the number of {name} ranks on this host")
+            spans = local_size is not None and local_size < size
+            coordinator = _coordinator(env, None if spans else "127.0.0.1", f"{name} job spanning hosts")
+            hosts = [coordinator[0]] * size
+            if spans:
+                hosts[rank] = _address_towards(coordinator[0])
+        host, port = coordinator
+        if port + size - 1 > 65535:
+            raise LaunchError(f"the coordinator's port {port} leaves no room for {size} trainer ports", code="E806")
+        endpoints = [format_endpoint(hosts[r], port + r) for r in range(size)]
+        endpoints[0] = format_endpoint(host, port)
+        return {"TRAINING_ROLE": TRAINER, "PADDLE_TRAINER_ID": str(rank), "PADDLE_TRAINERS_NUM": str(size),
+                "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints)}
+    return None
+
+
+def _coordinator(env: Mapping[str, str], default_host: str | None, needs: str = "") -> tuple[str, int]:
+    text = _get(env, COORDINATOR_ENV)
+    if text is not None:
+        return parse_endpoint(text, COORDINATOR_ENV)
+    master = _get(env, "MASTER_ADDR")
+    port = _get_int(env, "MASTER_PORT", 1, "the coordinator's port")
+    host = master or default_host
+    if host is None:
+        raise LaunchError(f"a {needs} needs its coordinator: set {COORDINATOR_ENV}=host:port (the first rank's host "
+                          "and a free port there) on every rank", hint=f"e.g. mpirun -x {COORDINATOR_ENV}=10.0.0.1:6170 "
+                          "... (Open MPI) or mpiexec -genv ... (MPICH)", code="E806")
+    return parse_endpoint(f"{host}:{port or DEFAULT_COORDINATOR_PORT}", "MASTER_ADDR:MASTER_PORT")
+
+
+def _address_towards(host: str) -> str:
+    """This host's address on the route to ``host`` (a UDP socket's connect sends nothing)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect((host, 9))
+        except OSError as e:
+            raise LaunchError(f"no route from this host to the coordinator {host}: {e.strerror or e}",
+                              code="E806") from None
+        return sock.getsockname()[0]
+
+
+def _slurm_task_hosts(env: Mapping[str, str], nodes: list[str], size: int) -> list[str]:
+    """Each rank's node under srun's block distribution (``SLURM_STEP_TASKS_PER_NODE``: ``2(x3),1``)."""
+    if not nodes:
+        return []
+    text = _get(env, "SLURM_STEP_TASKS_PER_NODE") or _get(env, "SLURM_TASKS_PER_NODE")
+    counts: list[int] = []
+    for item in (text.split(",") if text else []):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if match is None:
+            raise LaunchError(f"SLURM_STEP_TASKS_PER_NODE={text!r} is not a task count list such as 2(x3),1",
+                              code="E806")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    if not counts:  # no counts given: spread the ranks evenly, as srun's block distribution does
+        per, extra = divmod(size, len(nodes))
+        counts = [per + (i < extra) for i in range(len(nodes))]
+    if len(counts) != len(nodes) or sum(counts) != size:
+        raise LaunchError(f"SLURM_STEP_TASKS_PER_NODE={text!r} does not place {size} task(s) on the {len(nodes)} "
+                          f"node(s) of the node list", code="E806")
+    return [node for node, count in zip(nodes, counts) for _ in range(count)]
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list → hosts, in order: ``node[01-03,07],gpu-a[1-2]`` → node01, node02,
+    node03, node07, gpu-a1, gpu-a2 (zero padding kept; several bracket groups expand as a product)."""
+    hosts: list[str] = []
+    for item in _split_top_level(text.strip()):
+        if not item:
+            raise LaunchError(f"host list {text!r} has an empty item", code="E806")
+        hosts += _expand_one(item, text)
+    return hosts
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, current = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if depth < 0 or depth > 1:
+            raise LaunchError(f"host list {text!r} has unbalanced or nested brackets", code="E806")
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    if depth:
+        raise LaunchError(f"host list {text!r} has an unclosed bracket", code="E806")
+    return [*items, current] if text else []
+
+
+def _expand_one(item: str, text: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", item)
+    if match is None:
+        return [item]
+    prefix, suffix = item[:match.start()], item[match.end():]
+    out = []
+    for part in match.group(1).split(","):
+        bounds = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if bounds is None or (bounds.group(2) and int(bounds.group(2)) < int(bounds.group(1))):
+            raise LaunchError(f"host list {text!r}: {part!r} is not a number or a range lo-hi", code="E806")
+        lo, hi = bounds.group(1), bounds.group(2) or bounds.group(1)
+        width = len(lo)
+        for n in range(int(lo), int(hi) + 1):
+            out += _expand_one(f"{prefix}{n:0{width}d}{suffix}", text)
+    return out
