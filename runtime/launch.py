@@ -66,7 +66,6 @@ import ctypes
 import errno
 import math
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -78,24 +77,16 @@ from types import FrameType
 from typing import IO, Callable, Mapping, NoReturn, Sequence
 
 from runtime.flags import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TOKEN_ENV as JOB_TOKEN_ENV
-from runtime.role import (LaunchError, ROLE_ENV_VARS, format_endpoint, parse_endpoint, parse_endpoint_list)
+from runtime.launch_common import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, POLL_S, PSERVER_KIND, TAIL_LINES, TERM_GRACE_S,
+                                   TRAINER_KIND, _Output, child_environ, new_job_token, pserver_env, trainer_env)
+from runtime.role import LaunchError, format_endpoint, parse_endpoint, parse_endpoint_list
 
 PROG = "python -m runtime.launch"
 LOCAL_HOST = "127.0.0.1"
 DEFAULT_STARTED_PORT = 6170  # Paddle's launcher's first port, for jobs whose hosts must agree on their ports
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-
-POLL_S = 0.05  # how often the launcher looks at its children
-TERM_GRACE_S = 5.0  # SIGTERM → SIGKILL
 REAP_TIMEOUT_S = 5.0  # after SIGKILL, how long to wait for a child to be reaped
 READER_JOIN_S = 5.0  # how long to wait for a child's output to drain after it exited
-TAIL_LINES = 20  # lines of a failed process's output shown in the failure report
-
-PSERVER_KIND = "pserver"
-TRAINER_KIND = "trainer"
 
 
 # --- arguments -------------------------------------------------------------------------------------------
@@ -134,6 +125,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--node_ip", default=None, metavar="IP",
                         help="this host's address in the job's lists: start only the processes listed at it "
                              "(default: every process whose address belongs to an interface of this host)")
+    on_ray = parser.add_argument_group("on a Ray cluster (pip install 'flotilla[ray]'; runtime/ray_launch.py)")
+    on_ray.add_argument("--ray", default=None, metavar="ADDRESS",
+                        help="run every process as an actor of the Ray cluster at ADDRESS (host:port, or auto)")
+    on_ray.add_argument("--cpus_per_trainer", type=float, default=1.0, metavar="C", help="CPUs a trainer holds (1)")
+    on_ray.add_argument("--gpus_per_trainer", type=float, default=0.0, metavar="G", help="GPUs a trainer holds (0)")
+    on_ray.add_argument("--cpus_per_pserver", type=float, default=1.0, metavar="C", help="CPUs a pserver holds (1)")
+    on_ray.add_argument("--ray_timeout", type=float, default=120.0, metavar="S",
+                        help="seconds to wait for Ray to place the job's processes (120)")
     parser.add_argument("--log_dir", default=None, metavar="DIR",
                         help="write each process's output to DIR/serverlog.<i> or DIR/workerlog.<i>")
     parser.add_argument("--started_port", type=int, default=None, metavar="P",
@@ -416,46 +415,6 @@ def _workers(args: argparse.Namespace) -> list[tuple[str, int | None]]:
     return [(LOCAL_HOST, None)] * _count(args.worker_num, "--worker_num")
 
 
-def _common_env(server_eps: Sequence[str], worker_eps: Sequence[str]) -> dict[str, str]:
-    env = {"PADDLE_TRAINERS_NUM": str(len(worker_eps)), "PADDLE_TRAINER_ENDPOINTS": ",".join(worker_eps)}
-    if server_eps:
-        env["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(server_eps)
-    return env
-
-
-def _own_endpoint_env(endpoint: str) -> dict[str, str]:
-    host, port = parse_endpoint(endpoint, "endpoint")
-    return {"PADDLE_CURRENT_ENDPOINT": endpoint, "POD_IP": host, "PADDLE_PORT": str(port)}
-
-
-def pserver_env(server_eps: Sequence[str], worker_eps: Sequence[str], index: int) -> dict[str, str]:
-    """The role variables of pserver ``index``."""
-    return {"TRAINING_ROLE": "PSERVER", **_common_env(server_eps, worker_eps), **_own_endpoint_env(server_eps[index])}
-
-
-def trainer_env(server_eps: Sequence[str], worker_eps: Sequence[str], index: int) -> dict[str, str]:
-    """The role variables of trainer ``index`` (collective mode when ``server_eps`` is empty)."""
-    return {"TRAINING_ROLE": "TRAINER", "PADDLE_TRAINER_ID": str(index), **_common_env(server_eps, worker_eps),
-            **_own_endpoint_env(worker_eps[index])}
-
-
-def new_job_token() -> str:
-    """A fresh random job token (256 bits, hex)."""
-    return secrets.token_hex(32)
-
-
-def child_environ(base: Mapping[str, str], role_env: dict[str, str], token: str | None = None) -> dict[str, str]:
-    """A child's whole environment: ``base`` without any inherited role variable, plus ``role_env``, plus
-    the job token ``FLOTILLA_JOB_TOKEN`` (``token``, unless ``base`` already has one: a job spanning
-    machines sets the same token by hand everywhere)."""
-    env = {k: v for k, v in base.items() if k not in ROLE_ENV_VARS}
-    env.update(role_env)
-    env["PYTHONUNBUFFERED"] = "1"
-    if token is not None and not base.get(JOB_TOKEN_ENV):
-        env[JOB_TOKEN_ENV] = token
-    return env
-
-
 # --- ports -----------------------------------------------------------------------------------------------
 
 
@@ -544,30 +503,6 @@ def die_with_parent() -> Callable[[], None] | None:
 
     return preexec
 
-
-
-class _Output:
-    """The launcher's stdout/stderr, shared by the reader threads under one lock; a closed pipe stops the
-    echo (the log files keep being written)."""
-
-    def __init__(self, out: IO[str], err: IO[str]) -> None:
-        self._out, self._err = out, err
-        self._lock = threading.Lock()
-        self._broken = False
-
-    def write(self, text: str, *, error: bool = False) -> None:
-        with self._lock:
-            if self._broken:
-                return
-            stream = self._err if error else self._out
-            try:
-                stream.write(text)
-                stream.flush()
-            except (OSError, ValueError):  # a closed pipe or stream: stop echoing
-                self._broken = True
-
-    def status(self, line: str, *, error: bool = False) -> None:
-        self.write(f"[launch] {line}\n", error=error)
 
 
 @dataclass
@@ -848,6 +783,11 @@ def launch(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     """Run the launcher on ``argv`` (``sys.argv[1:]`` by default); returns its exit status."""
     try:
         args = build_parser(prog).parse_args(list(argv) if argv is not None else None)
+        if args.ray is not None:
+            from runtime.ray_launch import check_args, run_ray_job
+
+            check_args(args)
+            return run_ray_job(args)
         plan = plan_job(args)
     except LaunchError as e:
         sys.stderr.write(error_line(prog, e) + "\n")

@@ -252,6 +252,7 @@ class Hosts:
             _kill(p)
         errors = []
         for name in reversed(self.namespaces):
+            self._kill_inside(name)
             try:
                 _run("ip", "netns", "del", name)
             except NetnsError as e:
@@ -266,6 +267,20 @@ class Hosts:
         self.hosts_files.clear()
         if errors:
             raise NetnsError("; ".join(errors))
+
+    @staticmethod
+    def _kill_inside(name: str) -> None:
+        """SIGKILL what still runs in namespace ``name``: only processes of this object's hosts can be there
+        (daemons that left their starter's session, such as a Ray node's raylet)."""
+        try:
+            pids = _run("ip", "netns", "pids", name).split()
+        except NetnsError:
+            return
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
 
     def __enter__(self) -> Hosts:
         return self
