@@ -87,6 +87,7 @@ DEFAULT_STARTED_PORT = 6170  # Paddle's launcher's first port, for jobs whose ho
 
 REAP_TIMEOUT_S = 5.0  # after SIGKILL, how long to wait for a child to be reaped
 READER_JOIN_S = 5.0  # how long to wait for a child's output to drain after it exited
+PROBE_TIMEOUT_S = 1.0  # a failed job spanning hosts: how long each remote endpoint gets to accept a connection
 
 
 # --- arguments -------------------------------------------------------------------------------------------
@@ -172,6 +173,8 @@ class JobPlan:
     log_dir: str | None
     stop_timeout: float
     remote: tuple[str, ...] = ()  # tags of the processes other hosts' launchers start
+    remote_listeners: tuple[tuple[str, str], ...] = ()  # (tag, endpoint) listening on other hosts: what a
+    # failed job probes to name the lost (every remote pserver; in collective mode trainer 0, the coordinator)
 
 
 def _usage(message: str, hint: str | None = None) -> LaunchError:
@@ -291,7 +294,9 @@ def plan_job(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
                    processes=tuple(p for p in processes if p.tag in local), script=script,
                    script_args=tuple(args.training_script_args), log_dir=args.log_dir,
                    stop_timeout=float(args.stop_timeout),
-                   remote=tuple(p.tag for p in processes if p.tag not in local))
+                   remote=tuple(p.tag for p in processes if p.tag not in local),
+                   remote_listeners=tuple((tag, ep) for ep, tag in endpoints.items() if tag not in local and (
+                       tag.startswith(PSERVER_KIND) or (mode == "collective" and tag == f"{TRAINER_KIND}.0"))))
 
 
 def _collective_workers(args: argparse.Namespace, gpus: list[int] | None,
@@ -336,6 +341,26 @@ def _consecutive_ports(base: int, n: int, flag: str) -> list[int]:
     if base + n - 1 > 65535:
         raise _usage(f"{flag} {base} leaves no room for {n} port(s) below 65536", hint=f"choose a lower {flag}")
     return list(range(base, base + n))
+
+
+def probe_endpoints(listeners: Sequence[tuple[str, str]], timeout: float = PROBE_TIMEOUT_S) -> list[tuple[str, str, str]]:
+    """(tag, endpoint, why) for each of ``listeners`` that does not accept a TCP connection within
+    ``timeout`` seconds (all probed at once, so the whole probe takes about ``timeout`` at most)."""
+    results: dict[int, str] = {}
+
+    def probe(i: int, endpoint: str) -> None:
+        host, port = parse_endpoint(endpoint, "endpoint")
+        try:
+            socket.create_connection((host.strip("[]"), port), timeout=timeout).close()
+        except OSError as e:
+            results[i] = "no answer" if isinstance(e, socket.timeout) else (e.strerror or str(e))
+
+    threads = [threading.Thread(target=probe, args=(i, ep), daemon=True) for i, (_, ep) in enumerate(listeners)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout + 1.0)
+    return [(tag, ep, results[i]) for i, (tag, ep) in enumerate(listeners) if i in results]
 
 
 def is_local_address(host: str) -> bool:
@@ -514,6 +539,8 @@ class _Child:
     reader: threading.Thread | None = None
     returncode: int | None = None  # set when its exit is observed (the leader is still unreaped)
     stopped: bool = False  # the launcher signalled it
+    lost_ranks: list[int] = field(default_factory=list)  # trainers JAX's distributed service said stopped
+    heartbeat_list_next: bool = False  # the reader just saw JAX's "stopped sending heartbeats):" line
 
     @property
     def pid(self) -> int:
@@ -559,9 +586,26 @@ def _pump(child: _Child, out: _Output) -> None:
             except (OSError, ValueError):
                 child.log = None
         text = raw.decode("utf-8", "replace")
+        _note_lost_ranks(child, text)
         child.tail.append(text.rstrip("\n"))
         out.write(prefix + text)
     stream.close()
+
+
+JAX_UNHEALTHY = "stopped sending heartbeats):"  # JAX's fatal error; the next line lists the dead task ids
+
+
+def _note_lost_ranks(child: _Child, line: str) -> None:
+    """JAX's distributed service aborts a survivor with "The following tasks are unhealthy (stopped sending
+    heartbeats):" and the task ids (= trainer ids) on the next line: remember them, so the failure report
+    names the lost endpoints (the abort's stack trace would push them out of the tail)."""
+    if child.heartbeat_list_next:
+        child.heartbeat_list_next = False
+        ids = line.replace(",", " ").split()
+        if ids and all(i.isdigit() for i in ids):
+            child.lost_ranks.extend(int(i) for i in ids)
+    if JAX_UNHEALTHY in line:
+        child.heartbeat_list_next = True
 
 
 class _Signals:
@@ -712,6 +756,16 @@ class _Job:
             lines.append(f"{child.spec.tag} printed nothing")
         for line in lines:
             self.out.status(line, error=True)
+        eps = self.plan.trainer_endpoints
+        if child.lost_ranks and child.spec.kind == TRAINER_KIND:
+            self.out.status(f"{child.spec.tag} lost the collective group: JAX's distributed service says trainer(s) "
+                            f"{child.lost_ranks} stopped sending heartbeats; lost endpoint(s): " +
+                            ", ".join(eps[r] for r in child.lost_ranks if 0 <= r < len(eps)), error=True)
+        if self.plan.remote_listeners:
+            lost = probe_endpoints(self.plan.remote_listeners)
+            if lost:
+                self.out.status("lost endpoint(s) on other hosts: " + ", ".join(
+                    f"{tag} at {ep} ({why})" for tag, ep, why in lost), error=True)
 
     def stop(self, children: Sequence[_Child]) -> None:
         """SIGTERM each still-running child's group, then SIGKILL after the grace period (at once on a

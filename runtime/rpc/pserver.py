@@ -139,6 +139,14 @@ def _entries(op: Operator, attr: str) -> dict[str, int]:
     return out
 
 
+def _endpoints_of(trainer_ids: list[int]) -> str:
+    """`` (lost endpoint(s): ...)`` for trainer ids when the launcher told this process every trainer's
+    endpoint (``PADDLE_TRAINER_ENDPOINTS``), else ``""``: a job spanning hosts names where they ran."""
+    eps = [e.strip() for e in os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",") if e.strip()]
+    named = [eps[t] for t in trainer_ids if 0 <= t < len(eps)]
+    return f" (lost endpoint(s): {', '.join(named)})" if named else ""
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """What ``listen_and_serv`` says about the service."""
@@ -667,7 +675,7 @@ class PServer:
                 self.fail(PServerError(
                     Status.ABORTED,
                     f"pserver {self.config.endpoint}: step {st.step} waited {self.barrier_timeout:g}s for the "
-                    f"{phase} barrier of trainer(s) {missing}; giving up",
+                    f"{phase} barrier of trainer(s) {missing}{_endpoints_of(missing)}; giving up",
                     hint="a trainer died or hangs; see its log (FLAGS_pserver_timeout_ms sets this limit)"))
                 return
             if st.started_at is not None:
@@ -676,7 +684,7 @@ class PServer:
         silent = sorted(t for t in self._live if now - self._last_seen[t] > self.barrier_timeout)
         if silent:
             self.fail(PServerError(
-                Status.ABORTED, f"pserver {self.config.endpoint}: trainer(s) {silent} sent nothing for "
+                Status.ABORTED, f"pserver {self.config.endpoint}: trainer(s) {silent}{_endpoints_of(silent)} sent nothing for "
                 f"{self.barrier_timeout:g}s and did not complete; giving up",
                 hint="a trainer died or hangs; see its log (FLAGS_pserver_timeout_ms sets this limit)"))
 

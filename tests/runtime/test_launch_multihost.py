@@ -9,7 +9,10 @@ starts the processes listed at this host's addresses (or at ``--node_ip``).
 - Across namespaced hosts (``tests/netns.py``; skipped where namespaces cannot be made): one launcher a
   host, same arguments, each starting its own share: a collective job trains to the same parameters as one
   process on the union of the batches; a parameter-server job's processes all see one consistent role
-  table; a launcher whose peer host is taken down exits non-zero naming the lost endpoint.
+  table.
+- Two "hosts" on loopback (127.0.0.1 and 127.0.0.2, ``--node_ip``): a launcher whose peer host is lost (its
+  launcher killed: coordinator or not, PS or collective) exits 1 within 15 s naming the lost endpoint; gloo
+  and the group listen only on each trainer's own address (or ``FLOTILLA_GLOO_INTERFACE``'s).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import argparse
 import os
 import pathlib
 import secrets
+import signal
+import subprocess
 import sys
 import time
 from typing import Callable
@@ -24,7 +29,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from runtime.launch import build_parser, plan_job
+from runtime.launch import build_parser, free_ports, plan_job
 from runtime.role import ROLE_ENV_VARS, LaunchError
 from tests.netns import Hosts
 from tests.runtime.collective import worker as collective_worker
@@ -79,6 +84,137 @@ def test_addresses_not_of_this_host_are_named() -> None:
         plan("--ips", "10.255.255.1,10.255.255.2", "--nproc_per_node", "1")
     with pytest.raises(LaunchError, match="does not resolve"):
         plan("--servers", "no-such-host.invalid:6174", "--worker_num", "1")
+
+
+def test_a_local_port_in_use_is_named_before_starting() -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind((B, 0))
+        port = held.getsockname()[1]
+        with pytest.raises(LaunchError) as e:
+            plan("--ips", f"{A},{B}", "--node_ip", B, "--started_port", str(port))
+    assert e.value.code == "E811" and f"port {port} on {B}" in e.value.message
+
+
+# --- two "hosts" on loopback: 127.0.0.1 and 127.0.0.2, each launcher told which it is --------------------
+
+A, B = "127.0.0.1", "127.0.0.2"
+SCRIPTS = pathlib.Path(__file__).resolve().parent / "launch_scripts"
+LOOP = str(SCRIPTS / "collective_loop.py")
+TOKEN = TOKEN_ENV
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, **TOKEN, "PYTHONPATH": str(REPO), "FLAGS_collective_heartbeat_s": "3",
+           "FLAGS_collective_timeout_s": "20", **extra}
+    return env
+
+
+def _launcher(me: str, port: int, *script_args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "runtime.launch", "--ips", f"{A},{B}", "--nproc_per_node", "1",
+                             "--started_port", str(port), "--node_ip", me, LOOP, *script_args],
+                            cwd=REPO, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return lines
+    raise AssertionError(f"{needle!r} not seen within {timeout} s:\n" + "".join(lines[-40:]))
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)  # its children die with it (PR_SET_PDEATHSIG)
+    proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("victim", [B, A], ids=["lose-trainer-1", "lose-coordinator"])
+def test_losing_a_host_ends_the_other_naming_the_lost_endpoint(victim: str) -> None:
+    port = free_ports(1)[0]
+    procs = {me: _launcher(me, port, "--seconds", "60") for me in (A, B)}
+    survivor = A if victim == B else B
+    try:
+        _wait_for(procs[victim], "joined trainer", 60)
+        _wait_for(procs[survivor], "joined trainer", 60)
+        _kill(procs[victim])
+        start = time.monotonic()
+        out, _ = procs[survivor].communicate(timeout=30)
+        elapsed = time.monotonic() - start
+    finally:
+        for proc in procs.values():
+            _kill(proc)
+    lost = f"{victim}:{port}"
+    assert procs[survivor].returncode == 1, out[-3000:]
+    assert lost in out and ("lost endpoint(s)" in out), out[-3000:]
+    assert elapsed < 15, elapsed
+
+
+def _listening_hosts(**env: str) -> dict[str, set[str]]:
+    """Run a 2-"host" collective job; each host's set of the addresses its trainer listened on."""
+    port = free_ports(1)[0]
+    procs = {me: _launcher(me, port, "--seconds", "2", "--report-sockets", **env) for me in (A, B)}
+    try:
+        outs = {me: procs[me].communicate(timeout=60)[0] for me in (A, B)}
+    finally:
+        for proc in procs.values():
+            _kill(proc)
+    hosts: dict[str, set[str]] = {}
+    for me in (A, B):
+        assert procs[me].returncode == 0, outs[me][-3000:]
+        listening = [line.split("listening ", 1)[1].strip() for line in outs[me].splitlines() if "listening " in line]
+        assert listening, outs[me][-3000:]
+        # host:port as ss prints it, IPv4-mapped for the coordinator
+        hosts[me] = {a.rsplit(":", 1)[0].strip("[]").removeprefix("::ffff:") for a in listening}
+    return hosts
+
+
+def test_gloo_and_the_group_bind_only_the_trainers_own_addresses() -> None:
+    assert _listening_hosts() == {A: {A}, B: {B}}  # never 0.0.0.0, nor what gethostname() resolves to
+
+
+def test_gloo_interface_override() -> None:
+    # lo's address is 127.0.0.1: trainer 1 (endpoint on 127.0.0.2) then listens there for gloo
+    assert _listening_hosts(FLOTILLA_GLOO_INTERFACE="lo") == {A: {A}, B: {A}}
+
+
+def test_ps_losing_a_host_ends_the_other_naming_the_lost_endpoints(tmp_path: pathlib.Path) -> None:
+    port = free_ports(1)[0]
+    args = ["--servers", f"{A}:{port},{B}:{port}", "--workers", f"{A},{B}", "--started_port", str(port + 1)]
+    env = _env(FLAGS_rpc_deadline="4000", FLAGS_pserver_timeout_ms="3000", FLAGS_rpc_retry_times="2")
+    procs = {me: subprocess.Popen([sys.executable, "-m", "runtime.launch", *args, "--node_ip", me,
+                                   "--log_dir", str(tmp_path / me), str(REPO / "tests/runtime/rpc/ps_worker.py"),
+                                   "--out", str(tmp_path), "--steps", "100000", "--sleep", "0.01"],
+                                  cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for me in (A, B)}
+    try:
+        for me in (A, B):
+            _wait_for(procs[me], "started trainer", 30)
+        deadline = time.monotonic() + 60  # both trainers are past their startup program: they trained a step
+        while not all((tmp_path / f"trainer_{i}_init.npz").exists() for i in (0, 1)):
+            assert time.monotonic() < deadline, "the trainers never started training"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        _kill(procs[B])
+        start = time.monotonic()
+        out, _ = procs[A].communicate(timeout=30)
+        elapsed = time.monotonic() - start
+    finally:
+        for proc in procs.values():
+            _kill(proc)
+    assert procs[A].returncode == 1, out[-3000:]
+    assert f"{B}:{port}" in out or f"{B}:{port + 2}" in out, out[-3000:]
+    assert f"pserver.1 at {B}:{port}" in out, out[-3000:]  # the launcher's probe of the lost host's pserver
+    assert elapsed < 15, elapsed
+    assert (tmp_path / A / "serverlog.0").exists() and (tmp_path / A / "workerlog.0").exists()
 
 
 # --- across namespaced hosts -------------------------------------------------------------------------------
@@ -141,21 +277,3 @@ def test_ps_launch_on_two_hosts_starts_each_share_once(tmp_path: pathlib.Path,
         assert f"[trainer.{h}] trainer {h} done" in log, log
         assert f"[pserver.{1 - h}]" not in log and f"[trainer.{1 - h}]" not in log, log
         assert f"the launchers of the other hosts start pserver.{1 - h}, trainer.{1 - h}" in log, log
-
-
-def test_a_host_taken_down_fails_the_launcher_of_the_other(tmp_path: pathlib.Path,
-                                                          netns_hosts: Callable[..., Hosts]) -> None:
-    hosts = netns_hosts(2, resolve_hostname=False)
-    launchers = Launchers(hosts, tmp_path, COLLECTIVE_FLAGS)
-    launchers.start(["--ips", ",".join(hosts.addresses), "--nproc_per_node", "1", "--started_port", "6170",
-                     str(REPO / "tests" / "runtime" / "collective" / "worker.py"), "--out", str(tmp_path),
-                     "--configs", "momentum_fused", "--steps", "400", "--pause", "0.05"])
-    end = time.monotonic() + 60.0
-    while "step 2 done" not in (tmp_path / "launch.0.log").read_text():
-        assert time.monotonic() < end and launchers.procs[0].poll() is None, launchers.logs()
-        time.sleep(0.05)
-    hosts.kill_host(1)
-    code = launchers.procs[0].wait(timeout=60)
-    log = (tmp_path / "launch.0.log").read_text()
-    assert code != 0, log
-    assert f"{hosts.addresses[1]}:6170" in log, log
