@@ -266,7 +266,7 @@ def test_restarted_trainer_rejoins_and_nothing_is_lost(tmp_path: pathlib.Path, c
 
 
 def test_dead_trainer_fails_the_pservers_naming_it(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
-    c = Cluster(tmp_path, 2, 2, ["--steps", "10"], env={"FLAGS_pserver_timeout_ms": "2000"},
+    c = Cluster(tmp_path, 2, 2, ["--steps", "10"], env={"FLAGS_pserver_timeout_ms": "4000"},
                 trainer_args={1: ["--die-at", "3"]})
     clusters.append(c)
     start = time.monotonic()
