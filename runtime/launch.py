@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import errno
 import math
 import os
@@ -74,11 +73,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import IO, Callable, Mapping, NoReturn, Sequence
+from typing import IO, Mapping, NoReturn, Sequence
 
 from runtime.flags import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TOKEN_ENV as JOB_TOKEN_ENV
 from runtime.launch_common import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, POLL_S, PSERVER_KIND, TAIL_LINES, TERM_GRACE_S,
-                                   TRAINER_KIND, _Output, child_environ, new_job_token, pserver_env, trainer_env)
+                                   TRAINER_KIND, _Output, child_environ, die_with_parent, new_job_token, pserver_env, trainer_env)
 from runtime.role import LaunchError, format_endpoint, parse_endpoint, parse_endpoint_list
 
 PROG = "python -m runtime.launch"
@@ -505,31 +504,6 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 
 # --- running ---------------------------------------------------------------------------------------------
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGKILL when the process starting it dies (Linux
-    ``PR_SET_PDEATHSIG``; None elsewhere). The death signal follows the thread that forks: start children
-    from a thread that lives as long as the launcher (its main thread). libc is resolved here, before the
-    fork, so the child only makes the call."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the call: nobody will signal this child
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
-
-
-
 @dataclass
 class _Child:
     spec: ProcessSpec

@@ -3,9 +3,13 @@
 and the timing constants. Standard library only."""
 from __future__ import annotations
 
+import ctypes
+import os
 import secrets
+import signal
+import sys
 import threading
-from typing import IO, Mapping, Sequence
+from typing import IO, Callable, Mapping, Sequence
 
 from runtime.flags import TOKEN_ENV as JOB_TOKEN_ENV
 from runtime.role import ROLE_ENV_VARS, parse_endpoint
@@ -84,3 +88,27 @@ class _Output:
 
     def status(self, line: str, *, error: bool = False) -> None:
         self.write(f"[launch] {line}\n", error=error)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when the process starting it dies (Linux
+    ``PR_SET_PDEATHSIG``; None elsewhere). The death signal follows the thread that forks: start children
+    from a thread that lives as long as the launcher (its main thread). libc is resolved here, before the
+    fork, so the child only makes the call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: nobody will signal this child
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec

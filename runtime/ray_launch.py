@@ -33,7 +33,7 @@ import time
 from typing import Any, Sequence
 
 from runtime.launch_common import (EXIT_FAILED, EXIT_OK, POLL_S, PSERVER_KIND, TAIL_LINES, TERM_GRACE_S, TRAINER_KIND,
-                            _Output, child_environ, new_job_token, pserver_env, trainer_env)
+                            _Output, child_environ, die_with_parent, new_job_token, pserver_env, trainer_env)
 from runtime.flags import TOKEN_ENV as JOB_TOKEN_ENV
 from runtime.role import LaunchError, format_endpoint
 
@@ -101,7 +101,8 @@ class RoleProcess:
         env = child_environ(os.environ, role_env)
         env[JOB_TOKEN_ENV] = token  # the job's own, whatever the node's environment holds
         self.popen = subprocess.Popen([sys.executable, *command], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                      preexec_fn=die_with_parent())  # dies with the actor, even ray.kill'ed
         self.reader = threading.Thread(target=self._pump, daemon=True)
         self.reader.start()
         return self.popen.pid

@@ -10,7 +10,7 @@ or namespaces cannot be made.
   with endpoints on its node's address; the job ends 0 when the trainers are done and the pservers exit.
 - Collective mode: two trainers as actors train to the same parameters as one process on the union of the
   batches (``tests/runtime/collective``'s criterion, rtol 1e-5).
-- A failing trainer fails the job: exit 1, the trainer named with its last lines, every other process
+- A failing trainer fails the job (started through ``flotilla.ray.launch``): exit 1, the trainer named with its last lines, every other process
   stopped.
 """
 from __future__ import annotations
@@ -124,8 +124,12 @@ def test_collective_job_on_ray_equals_one_process(cluster: RayCluster, tmp_path:
 
 
 def test_a_failing_trainer_fails_the_ray_job(cluster: RayCluster) -> None:
-    code, out = cluster.launch("--server_num", "1", "--worker_num", "2", JOB, "--pserver", "hang",
-                               "--fail-trainer", "1")
+    # Through the Python call this time: flotilla.ray.launch builds the same arguments as the command line.
+    call = (f"import sys; from flotilla import ray; sys.exit(ray.launch({cluster.address!r}, {JOB!r}, "
+            "['--pserver', 'hang', '--fail-trainer', '1'], server_num=1, worker_num=2))")
+    proc = cluster.hosts.popen(0, [sys.executable, "-c", call], env=cluster.env, cwd=REPO)
+    out, _ = proc.communicate(timeout=150)
+    code = proc.returncode
     assert code == 1, out
     assert "[launch] trainer.1 failed with exit code 1; stopping the job" in out, out
     assert "|   trainer 1 fails now" in out or "| trainer 1 fails now" in out, out
