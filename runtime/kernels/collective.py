@@ -121,8 +121,9 @@ def c_local_sgd(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
 
 
 def dgc_k(numel: int, sparsity: float) -> int:
-    """Entries sent at ``sparsity`` (as Fluid: ``int(numel * (1 - sparsity))``, at least one)."""
-    return max(1, min(numel, int(numel * (1.0 - sparsity))))
+    """Entries sent at ``sparsity`` (``numel * (1 - sparsity)`` rounded down, at least one; the
+    product is first rounded to 6 decimals so 40 * (1 - 0.9) is 4, not 3)."""
+    return max(1, min(numel, int(round(numel * (1.0 - sparsity), 6))))
 
 
 def dgc_stage(step: Any, begin: int, rampup_step: int, stages: int) -> Any:
