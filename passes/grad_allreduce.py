@@ -15,7 +15,7 @@ Guarantees:
   rows (their sum is the concatenation) instead of densifying the table;
 - a gradient read by a ``dgc_momentum`` op (Deep Gradient Compression) is left alone: that op does its
   own exchange (dense mean before its rampup, an allgather of the top-k entries after), so it gets no
-  ``c_allreduce_sum`` and no ``scale``;
+  ``c_allreduce_sum`` and no ``scale``; its ``nranks`` attribute is set to the group's size;
 - rings (``ring_id``) cycle over ``nccl_comm_num`` in bucket order. Learning-rate ops stay as they are.
 Raises ``PassError`` E620 when a gradient is never written before the optimizer reads it, E621 when
 some op reads a gradient for its update before the last op that writes it.
@@ -139,6 +139,9 @@ class GradAllReduce(Pass):
         main = programs[ProgramRole.trainer(plan.trainer_id)].main
         block = main.global_block()
         buckets = plan_buckets(main, plan)
+        for op in block.ops:
+            if op.type == DGC_OP:
+                op.set_attr("nranks", plan.nranks)
         backward = int(OpRole.BACKWARD)
         # Insert from the last position backwards so earlier indices stay valid.
         for ring, b in sorted(enumerate(buckets), key=lambda rb: rb[1].after, reverse=True):

@@ -244,10 +244,13 @@ defop(
         A("sparsity", K.FLOATS, [0.999], "sparsity schedule (each in (0, 1)); the last value holds after rampup"),
         A("local_grad_clip_norm", K.FLOAT, -1.0, "clip the local gradient to this norm * num_trainers^-0.5 (<= 0: off)"),
         A("num_trainers", K.INT, 0, "trainers the clip norm is scaled for (0: the size of the trainer group)"),
+        A("nranks", K.INT, 0, "size of the trainer group (set by the nccl2 transpiler; 0: not recorded)"),
     ],
     infer=_infer_dgc_momentum,
     grad=NO_GRAD,
-    traits=OPTIMIZER_TRAITS,
+    # an XLA collective inside the step (psum before rampup, all_gather after): the executor runs a block
+    # holding one under shard_map, over the trainer group (a group of one when no group was joined)
+    traits=OPTIMIZER_TRAITS + ("collective", "replica_reduce"),
     doc="Deep Gradient Compression momentum (Lin et al. 2018): dense allreduce + momentum before "
         "rampup_begin_step, then momentum correction, local accumulation, top-k allgather, SGD update",
 )
