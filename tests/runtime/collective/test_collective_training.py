@@ -262,3 +262,9 @@ def test_dgc_before_rampup_equals_dense_momentum(dgc_trainers: pathlib.Path) -> 
     got = load(dgc_trainers / "dgc_dense.rank0.npz")
     for name, value in worker.train_single("momentum", seed=100).items():
         np.testing.assert_allclose(got[name], value, rtol=RTOL, atol=ATOL, err_msg=f"dgc_dense: {name}")
+
+
+def test_dgc_in_one_process_is_dgc_with_a_group_of_one() -> None:
+    got = worker.train_single("dgc", seed=100)
+    for name, value in worker.train_dgc_simulated(seed=100, nranks=1).items():
+        np.testing.assert_allclose(got[name], value, rtol=DGC_RTOL, atol=DGC_ATOL, err_msg=f"dgc, 1 process: {name}")
