@@ -35,7 +35,8 @@ from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 __all__ = [
     "Optimizer", "SGD", "Momentum", "Adagrad", "Adam", "RMSProp", "DecayedAdagrad", "Ftrl",
-    "DGCMomentumOptimizer", "SGDOptimizer", "MomentumOptimizer", "AdagradOptimizer", "AdamOptimizer", "RMSPropOptimizer",
+    "DGCMomentumOptimizer",
+    "SGDOptimizer", "MomentumOptimizer", "AdagradOptimizer", "AdamOptimizer", "RMSPropOptimizer",
     "DecayedAdagradOptimizer", "FtrlOptimizer", "RecomputeOptimizer",
 ]
 
@@ -429,7 +430,8 @@ class DGCMomentumOptimizer(Momentum):
                           f"got {sparsity!r}", hint="e.g. sparsity=[0.75, 0.9375, 0.984375, 0.996, 0.999]",
                           code="E770")
         if local_grad_clip_norm is not None and not number(local_grad_clip_norm, "local_grad_clip_norm") > 0:
-            raise IRError(f"DGCMomentumOptimizer: local_grad_clip_norm must be > 0 or None, got {local_grad_clip_norm!r}",
+            raise IRError("DGCMomentumOptimizer: local_grad_clip_norm must be > 0 or None, "
+                          f"got {local_grad_clip_norm!r}",
                           hint="pass None to disable local clipping", code="E770")
         if num_trainers is not None and (isinstance(num_trainers, bool) or not isinstance(num_trainers, int)
                                          or num_trainers < 1):

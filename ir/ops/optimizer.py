@@ -242,7 +242,8 @@ defop(
         A("rampup_begin_step", K.INT, 0, "steps of dense allreduce + momentum before compression starts"),
         A("rampup_step", K.INT, 1, "steps over which the sparsity list is walked through"),
         A("sparsity", K.FLOATS, [0.999], "sparsity schedule (each in (0, 1)); the last value holds after rampup"),
-        A("local_grad_clip_norm", K.FLOAT, -1.0, "clip the local gradient to this norm * num_trainers^-0.5 (<= 0: off)"),
+        A("local_grad_clip_norm", K.FLOAT, -1.0, "clip the local gradient to this norm * num_trainers^-0.5 "
+          "(<= 0: off)"),
         A("num_trainers", K.INT, 0, "trainers the clip norm is scaled for (0: the size of the trainer group)"),
         A("nranks", K.INT, 0, "size of the trainer group (set by the nccl2 transpiler; 0: not recorded)"),
     ],

@@ -186,3 +186,17 @@ def test_dgc_refused_in_pserver_mode() -> None:
     t = DistributeTranspiler(DistributeTranspilerConfig())
     expect_error(lambda: t.transpile(0, program=main, startup_program=startup, pservers="127.0.0.1:6174",
                                      trainers=2), "E772", "only supported in collective training")
+
+
+@pytest.mark.parametrize("kw,code,fragment", [
+    ({"sparsity": [0.9, 1.0]}, "E770", "sparsity must be a non-empty list of numbers inside (0, 1)"),
+    ({"sparsity": [0.0]}, "E770", "inside (0, 1)"),
+    ({"sparsity": []}, "E770", "non-empty"),
+    ({"local_grad_clip_norm": -1.0}, "E770", "local_grad_clip_norm must be > 0 or None"),
+    ({"rampup_begin_step": -1}, "E771", "rampup_begin_step must be an int >= 0"),
+    ({"rampup_step": 0}, "E771", "rampup_step must be an int >= 1"),
+    ({"num_trainers": 0}, "E771", "num_trainers must be an int >= 1 or None"),
+])
+def test_dgc_arguments_are_checked(kw: dict[str, Any], code: str, fragment: str) -> None:
+    args = {"learning_rate": 0.1, "momentum": 0.9, "rampup_begin_step": 0, **kw}
+    expect_error(lambda: optimizer.DGCMomentumOptimizer(**args), code, fragment)
