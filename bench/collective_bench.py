@@ -28,7 +28,7 @@ compared with:
     step (dense: the float32 gradients a ring allreduce moves each way, i.e. their size; DGC: k (int32
     index, float32 value) pairs a parameter, k of its smallest sparsity, as the compiled step gathers
     them), step time, and the training loss every 10 steps over ``--dgc-steps`` (300) steps from the
-    same initial parameters on the same batches (momentum 0.9, lr 0.05, sparsity 0.999 after
+    same batches (momentum 0.9, lr ``--dgc-lr`` 0.05, sparsity 0.999 after
     ``rampup_begin_step`` 0 for the timing; the loss-curve run ramps through the paper's
     [0.75, 0.9375, 0.984375, 0.996, 0.999] over the first 50 steps).
 
@@ -237,7 +237,7 @@ def worker_fusion(rank: int, endpoints: list[str], fuse_mb: float, steps: int) -
 DGC_SCHEDULE = [0.75, 0.9375, 0.984375, 0.996, 0.999]
 
 
-def worker_dgc(rank: int, endpoints: list[str], variant: str, steps: int, batch: int) -> dict[str, Any]:
+def worker_dgc(rank: int, endpoints: list[str], variant: str, steps: int, batch: int, lr: float) -> dict[str, Any]:
     """Step time, bytes sent per step and the loss curve of one trainer: ``variant`` is ``dense``
     (momentum + allreduce), ``dgc`` (sparsity 0.999 from step 0) or ``dgc_ramp`` (the paper's schedule
     over 50 steps)."""
@@ -254,9 +254,9 @@ def worker_dgc(rank: int, endpoints: list[str], variant: str, steps: int, batch:
 
     def make() -> Any:
         if variant == "dense":
-            return optimizer.Momentum(0.05, 0.9)
+            return optimizer.Momentum(lr, 0.9)
         sparsity = [0.999] if variant == "dgc" else DGC_SCHEDULE
-        return optimizer.DGCMomentumOptimizer(0.05, 0.9, rampup_begin_step=0, rampup_step=1 if variant == "dgc" else 50,
+        return optimizer.DGCMomentumOptimizer(lr, 0.9, rampup_begin_step=0, rampup_step=1 if variant == "dgc" else 50,
                                               sparsity=sparsity)
 
     args = train.parse_args(["--batch-size", str(batch)])
@@ -294,7 +294,7 @@ def worker_main(argv: list[str]) -> None:
     if kind == "transport":
         result = worker_transport(rank, endpoints, spec["tcp_port"], spec["reps"])
     elif kind == "dgc":
-        result = worker_dgc(rank, endpoints, spec["variant"], spec["steps"], spec["batch"])
+        result = worker_dgc(rank, endpoints, spec["variant"], spec["steps"], spec["batch"], spec["lr"])
     elif kind == "model":
         result = worker_model(rank, endpoints, spec["name"], spec["steps"], spec["batch"])
     else:
@@ -353,6 +353,7 @@ def main() -> None:
                     help="skip (c) and (b)'s 1-process runs (the loopback figures (d) compares with stay)")
     ap.add_argument("--dgc", action="store_true", help="run section (e) alone: DGC against dense allreduce")
     ap.add_argument("--dgc-steps", type=int, default=300, help="steps of the --dgc loss curves (300)")
+    ap.add_argument("--dgc-lr", type=float, default=0.05, help="learning rate of the --dgc runs (0.05)")
     args = ap.parse_args()
     if args.dgc:
         dgc_section(args)
@@ -403,8 +404,8 @@ def dgc_section(args: argparse.Namespace) -> None:
     """Section (e); see the module docstring."""
     load = os.getloadavg()[0]
     print(f"(e) DGC vs dense allreduce, Transformer example, 2 processes, {args.dgc_steps} steps, "
-          f"global batch 32 (load {load:.1f})")
-    runs = {v: run_job(2, kind="dgc", variant=v, steps=args.dgc_steps, batch=32)
+          f"global batch 32, lr {args.dgc_lr} (load {load:.1f})")
+    runs = {v: run_job(2, kind="dgc", variant=v, steps=args.dgc_steps, batch=32, lr=args.dgc_lr)
             for v in ("dense", "dgc", "dgc_ramp")}
     dense = runs["dense"][0]
     print(f"   {'variant':>10} {'bytes/step/trainer':>19} {'vs dense':>9} {'step ms':>8} {'vs dense':>9}")
