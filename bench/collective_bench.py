@@ -23,6 +23,17 @@ compared with:
     the hosts' addresses; (a)'s allreduce and raw TCP bandwidth and (b)'s 2-process examples/s per
     trainer, beside the loopback figures of this run. Building namespaces needs root and iproute2.
 
+(e) ``--dgc`` (this section alone): Deep Gradient Compression (``DGCMomentumOptimizer``) against dense
+    allreduce + momentum on the Transformer example, 2 trainer processes: bytes each trainer sends per
+    step (dense: the float32 gradients a ring allreduce moves each way, i.e. their size; DGC: k (int32
+    index, float32 value) pairs a parameter, k of its smallest sparsity, as the compiled step gathers
+    them), median step time, and the training loss every 25 steps over ``--dgc-steps`` (300) steps on
+    the same batches (momentum 0.9, lr ``--dgc-lr`` 0.05) for three variants: ``dense``, ``dgc``
+    (sparsity 0.999 from step 0) and ``dgc_ramp`` (the paper's [0.75, 0.9375, 0.984375, 0.996, 0.999]
+    over the first 50 steps; its compiled step always gathers the k of 0.75). The DGC runs start from
+    the same parameters; the dense run from others (its startup program has other ops, so the seeded
+    initialisers draw differently), which shows in the first losses.
+
 Timings take the median of repeated runs after warm-up (compilation excluded). ``--quick`` runs fewer
 repetitions; its figures say so and are not comparable with a full run.
 """
@@ -225,11 +236,67 @@ def worker_fusion(rank: int, endpoints: list[str], fuse_mb: float, steps: int) -
     return {"step_s": _timed(step, steps), "collectives": collectives}
 
 
+DGC_SCHEDULE = [0.75, 0.9375, 0.984375, 0.996, 0.999]
+
+
+def worker_dgc(rank: int, endpoints: list[str], variant: str, steps: int, batch: int, lr: float) -> dict[str, Any]:
+    """Step time, bytes sent per step and the loss curve of one trainer: ``variant`` is ``dense``
+    (momentum + allreduce), ``dgc`` (sparsity 0.999 from step 0) or ``dgc_ramp`` (the paper's schedule
+    over 50 steps)."""
+    n = len(endpoints)
+    _join(rank, endpoints)
+    import math
+
+    import numpy as np
+
+    import runtime
+    from examples.transformer import data, model as tmodel, train
+    from flotilla.fluid import optimizer
+    from transpiler import DistributeTranspiler, DistributeTranspilerConfig
+
+    def make() -> Any:
+        if variant == "dense":
+            return optimizer.Momentum(lr, 0.9)
+        sparsity = [0.999] if variant == "dgc" else DGC_SCHEDULE
+        return optimizer.DGCMomentumOptimizer(lr, 0.9, rampup_begin_step=0, rampup_step=1 if variant == "dgc" else 50,
+                                              sparsity=sparsity)
+
+    args = train.parse_args(["--batch-size", str(batch)])
+    m = tmodel.build_model(data.VOCAB_SIZE, data.SEQ_LEN, num_classes=data.NUM_CLASSES, d_model=args.d_model,
+                           num_heads=args.heads, num_layers=args.layers, d_ff=args.d_ff, dropout=0.0,
+                           make_optimizer=make)
+    m.main.random_seed = m.startup.random_seed = 2018  # the same initial parameters in every job
+    t = DistributeTranspiler(DistributeTranspilerConfig(mode="nccl2"))
+    t.transpile(rank, program=m.main, startup_program=m.startup, trainers=",".join(endpoints))
+    main, startup = t.get_trainer_program(), t.get_trainer_startup_program()
+    block = main.global_block()
+    sent = 0
+    for op in block.ops:
+        if op.type == "c_allreduce_sum":
+            sent += sum(math.prod(block.var(g).shape) * 4 for g in op.input("X"))
+        elif op.type == "dgc_momentum":
+            numel = math.prod(block.var(op.input("Param")[0]).shape)
+            sent += max(1, min(numel, int(round(numel * (1.0 - min(op.attr("sparsity"))), 6)))) * 8
+    exe, scope = runtime.Executor(), runtime.Scope()
+    exe.run(startup, scope=scope)
+    data_ = list(train.batches(args, steps))
+    shards = [{k: v[rank::n] for k, v in b.items()} for b in data_]
+    losses, times = [], []
+    for i, b in enumerate(shards):
+        start = time.perf_counter()
+        out, = exe.run(main, feed=b, fetch_list=[m.loss], scope=scope)
+        losses.append(float(np.mean(out)))
+        times.append(time.perf_counter() - start)
+    return {"bytes_per_step": sent, "step_s": statistics.median(times[2:]), "losses": losses}
+
+
 def worker_main(argv: list[str]) -> None:
     spec = json.loads(argv[0])
     kind, rank, endpoints = spec["kind"], spec["rank"], spec["endpoints"]
     if kind == "transport":
         result = worker_transport(rank, endpoints, spec["tcp_port"], spec["reps"])
+    elif kind == "dgc":
+        result = worker_dgc(rank, endpoints, spec["variant"], spec["steps"], spec["batch"], spec["lr"])
     elif kind == "model":
         result = worker_model(rank, endpoints, spec["name"], spec["steps"], spec["batch"])
     else:
@@ -286,7 +353,13 @@ def main() -> None:
     ap.add_argument("--delay", default="0.1ms", help="the emulated link's one-way delay for --netns (0.1ms; '' none)")
     ap.add_argument("--skip-loopback", action="store_true",
                     help="skip (c) and (b)'s 1-process runs (the loopback figures (d) compares with stay)")
+    ap.add_argument("--dgc", action="store_true", help="run section (e) alone: DGC against dense allreduce")
+    ap.add_argument("--dgc-steps", type=int, default=300, help="steps of the --dgc loss curves (300)")
+    ap.add_argument("--dgc-lr", type=float, default=0.05, help="learning rate of the --dgc runs (0.05)")
     args = ap.parse_args()
+    if args.dgc:
+        dgc_section(args)
+        return
     reps, steps = (3, 10) if args.quick else (10, 40)
     report: dict[str, Any] = {"quick": args.quick, "load_before": os.getloadavg()[0]}
     note = "  (--quick: not comparable with a full run)" if args.quick else ""
@@ -327,6 +400,34 @@ def main() -> None:
     report["fusion"] = {"fused_s": fused["step_s"], "unfused_s": unfused["step_s"]}
     cross_host(args, reps, steps, t, per_trainer, report, note)
     finish(args, report)
+
+
+def dgc_section(args: argparse.Namespace) -> None:
+    """Section (e); see the module docstring."""
+    load = os.getloadavg()[0]
+    print(f"(e) DGC vs dense allreduce, Transformer example, 2 processes, {args.dgc_steps} steps, "
+          f"global batch 32, lr {args.dgc_lr} (load {load:.1f})")
+    runs = {v: run_job(2, kind="dgc", variant=v, steps=args.dgc_steps, batch=32, lr=args.dgc_lr)
+            for v in ("dense", "dgc", "dgc_ramp")}
+    dense = runs["dense"][0]
+    print(f"   {'variant':>10} {'bytes/step/trainer':>19} {'vs dense':>9} {'step ms':>8} {'vs dense':>9}")
+    for v, rs in runs.items():
+        r = rs[0]
+        print(f"   {v:>10} {r['bytes_per_step']:19,d} {r['bytes_per_step'] / dense['bytes_per_step']:9.4f} "
+              f"{r['step_s'] * 1e3:8.2f} {r['step_s'] / dense['step_s']:9.2f}")
+    print("   training loss (mean of the 2 trainers' shard losses), every 25 steps:")
+    print(f"   {'step':>5} " + " ".join(f"{v:>9}" for v in runs))
+    curves = {v: [(a + b) / 2 for a, b in zip(rs[0]["losses"], rs[1]["losses"])] for v, rs in runs.items()}
+    for i in list(range(0, args.dgc_steps, 25)) + [args.dgc_steps - 1]:
+        print(f"   {i:5d} " + " ".join(f"{curves[v][i]:9.4f}" for v in runs))
+    last = max(1, args.dgc_steps // 10)
+    print("   mean loss of the last 10% of steps: " +
+          ", ".join(f"{v} {sum(c[-last:]) / last:.4f}" for v, c in curves.items()))
+    print(f"   load after: {os.getloadavg()[0]:.1f}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"load_before": load, "runs": {
+            v: {"bytes_per_step": rs[0]["bytes_per_step"], "step_s": rs[0]["step_s"], "loss": curves[v]}
+            for v, rs in runs.items()}}, indent=1))
 
 
 def finish(args: argparse.Namespace, report: dict[str, Any]) -> None:

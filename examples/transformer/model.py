@@ -14,6 +14,7 @@ parameter names are the same in every build and every process.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import ir
 from flotilla.fluid import layers, optimizer
@@ -67,9 +68,10 @@ def encoder_layer(x: ir.Variable, d_model: int, num_heads: int, d_ff: int, dropo
 
 def build_model(vocab_size: int, seq_len: int, num_classes: int = 2, d_model: int = 64, num_heads: int = 4,
                 num_layers: int = 2, d_ff: int = 256, dropout: float = 0.1,
-                learning_rate: float = 0.002) -> TransformerModel:
+                learning_rate: float = 0.002, make_optimizer: Any = None) -> TransformerModel:
     """The classifier of ``tokens`` int64 [N, seq_len] into ``num_classes`` classes (``label`` int64
-    [N, 1])."""
+    [N, 1]), trained by ``Adam(learning_rate)``, or by ``make_optimizer()`` when given (a benchmark's
+    momentum / DGC)."""
     if d_model % num_heads:
         raise ValueError(f"d_model {d_model} must be divisible by num_heads {num_heads}")
     main, startup = ir.Program(), ir.Program()
@@ -89,5 +91,6 @@ def build_model(vocab_size: int, seq_len: int, num_classes: int = 2, d_model: in
         loss = layers.mean(loss_per_example)
         accuracy = layers.accuracy(predict, label)
         test = main.clone(for_test=True)  # is_test set on batch norm and dropout
-        optimizer.Adam(learning_rate=learning_rate).minimize(loss)
+        opt = make_optimizer() if make_optimizer is not None else optimizer.Adam(learning_rate=learning_rate)
+        opt.minimize(loss)
     return TransformerModel(main, startup, test, ("tokens", "label"), loss, accuracy, predict)

@@ -35,6 +35,7 @@ from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 __all__ = [
     "Optimizer", "SGD", "Momentum", "Adagrad", "Adam", "RMSProp", "DecayedAdagrad", "Ftrl",
+    "DGCMomentumOptimizer",
     "SGDOptimizer", "MomentumOptimizer", "AdagradOptimizer", "AdamOptimizer", "RMSPropOptimizer",
     "DecayedAdagradOptimizer", "FtrlOptimizer", "RecomputeOptimizer",
 ]
@@ -394,6 +395,70 @@ class Ftrl(Optimizer):
                             {"SquaredAccumulator": [squared], "LinearAccumulator": [linear]},
                             {"SquaredAccumOut": [squared], "LinearAccumOut": [linear]},
                             {"l1": self._l1, "l2": self._l2, "lr_power": self._lr_power})
+
+
+class DGCMomentumOptimizer(Momentum):
+    """Deep Gradient Compression (Lin et al., ICLR 2018) as Fluid 1.6's ``DGCMomentumOptimizer``.
+
+    Appends one ``dgc_momentum`` op per parameter (accumulators ``U``, ``V`` of the parameter's shape
+    and a one-element step counter). Until ``rampup_begin_step`` the op is dense allreduce + momentum;
+    then each step sends only the top ``1 - sparsity`` fraction of the locally accumulated, momentum
+    corrected gradient (the sparsity walks through ``sparsity`` over ``rampup_step`` steps) and
+    applies the mean of the trainers' sparse gradients with plain SGD. Only collective (``nccl2``)
+    training supports it: the pserver transpiler refuses it (E772). Run on one process it is DGC with
+    a group of one.
+    """
+
+    type = "dgc_momentum"
+
+    def __init__(self, learning_rate: float | Variable, momentum: float, rampup_begin_step: int,
+                 rampup_step: int = 1, sparsity: Sequence[float] = (0.999,), use_nesterov: bool = False,
+                 local_grad_clip_norm: float | None = None, num_trainers: int | None = None,
+                 regularization: WeightDecayRegularizer | str | None = None, name: str | None = None) -> None:
+        super().__init__(learning_rate, momentum, use_nesterov, regularization, name)
+        if isinstance(rampup_begin_step, bool) or not isinstance(rampup_begin_step, int) or rampup_begin_step < 0:
+            raise IRError(f"DGCMomentumOptimizer: rampup_begin_step must be an int >= 0, got {rampup_begin_step!r}",
+                          hint="the number of dense (uncompressed) steps before compression starts, e.g. 0",
+                          code="E771")
+        if isinstance(rampup_step, bool) or not isinstance(rampup_step, int) or rampup_step < 1:
+            raise IRError(f"DGCMomentumOptimizer: rampup_step must be an int >= 1, got {rampup_step!r}",
+                          hint="the number of steps over which the sparsity list is walked through", code="E771")
+        values = list(sparsity) if isinstance(sparsity, (list, tuple)) else None
+        if not values or any(isinstance(s, bool) or not isinstance(s, (int, float)) or not 0.0 < s < 1.0
+                             for s in values):
+            raise IRError(f"DGCMomentumOptimizer: sparsity must be a non-empty list of numbers inside (0, 1), "
+                          f"got {sparsity!r}", hint="e.g. sparsity=[0.75, 0.9375, 0.984375, 0.996, 0.999]",
+                          code="E770")
+        if local_grad_clip_norm is not None and not number(local_grad_clip_norm, "local_grad_clip_norm") > 0:
+            raise IRError("DGCMomentumOptimizer: local_grad_clip_norm must be > 0 or None, "
+                          f"got {local_grad_clip_norm!r}",
+                          hint="pass None to disable local clipping", code="E770")
+        if num_trainers is not None and (isinstance(num_trainers, bool) or not isinstance(num_trainers, int)
+                                         or num_trainers < 1):
+            raise IRError(f"DGCMomentumOptimizer: num_trainers must be an int >= 1 or None, got {num_trainers!r}",
+                          hint="None uses the size of the trainer group", code="E771")
+        self._rampup_begin_step = rampup_begin_step
+        self._rampup_step = rampup_step
+        self._sparsity = [float(s) for s in values]
+        self._clip = float(local_grad_clip_norm) if local_grad_clip_norm is not None else -1.0
+        self._num_trainers = num_trainers or 0
+
+    def _create_accumulators(self, main: Program, startup: Program, parameters: list[Parameter]) -> None:
+        for p in parameters:
+            self._add_accumulator(main, startup, "dgc_u", p)
+            self._add_accumulator(main, startup, "dgc_v", p)
+            self._add_accumulator(main, startup, "dgc_step", p, dtype="float32", shape=(1,))
+
+    def _append_optimize_op(self, block: Block, param: Parameter, grad: Variable) -> Operator:
+        u = self._get_accumulator("dgc_u", param).name
+        v = self._get_accumulator("dgc_v", param).name
+        step = self._get_accumulator("dgc_step", param).name
+        return self._append(block, param, grad, {"U": [u], "V": [v], "Step": [step]},
+                            {"UOut": [u], "VOut": [v], "StepOut": [step]},
+                            {"mu": self._momentum, "use_nesterov": self._use_nesterov,
+                             "rampup_begin_step": self._rampup_begin_step, "rampup_step": self._rampup_step,
+                             "sparsity": self._sparsity, "local_grad_clip_norm": self._clip,
+                             "num_trainers": self._num_trainers})
 
 
 # Fluid's long names.

@@ -218,3 +218,40 @@ defop(
     grad=NO_GRAD,
     doc="Out = X * max_norm / max(norm(X), max_norm)",
 )
+
+
+def _infer_dgc_momentum(ctx: InferContext) -> None:
+    sparsity = list(ctx.attr("sparsity"))
+    if not sparsity or any(not 0.0 < s < 1.0 for s in sparsity):
+        _fail(ctx, f"sparsity {sparsity} must be a non-empty list of values inside (0, 1)",
+              "e.g. sparsity=[0.75, 0.9375, 0.984375, 0.996, 0.999]")
+    if ctx.input("Grad").type == "selected_rows":
+        _fail(ctx, "Grad is selected_rows; DGC compresses dense gradients only",
+              "use is_sparse=False for this embedding, or another optimizer")
+    _optimizer_infer({"ParamOut": "Param", "UOut": "U", "VOut": "V", "StepOut": "Step"},
+                     ("U", "V"), ("LearningRate", "Step"))(ctx)
+
+
+defop(
+    "dgc_momentum",
+    inputs=["Param", "Grad", "U", "V", "LearningRate", "Step"],
+    outputs=["ParamOut", "UOut", "VOut", "StepOut"],
+    attrs=[
+        A("mu", K.FLOAT, REQUIRED, "momentum coefficient"),
+        A("use_nesterov", K.BOOL, False, "Nesterov momentum correction"),
+        A("rampup_begin_step", K.INT, 0, "steps of dense allreduce + momentum before compression starts"),
+        A("rampup_step", K.INT, 1, "steps over which the sparsity list is walked through"),
+        A("sparsity", K.FLOATS, [0.999], "sparsity schedule (each in (0, 1)); the last value holds after rampup"),
+        A("local_grad_clip_norm", K.FLOAT, -1.0, "clip the local gradient to this norm * num_trainers^-0.5 "
+          "(<= 0: off)"),
+        A("num_trainers", K.INT, 0, "trainers the clip norm is scaled for (0: the size of the trainer group)"),
+        A("nranks", K.INT, 0, "size of the trainer group (set by the nccl2 transpiler; 0: not recorded)"),
+    ],
+    infer=_infer_dgc_momentum,
+    grad=NO_GRAD,
+    # an XLA collective inside the step (psum before rampup, all_gather after): the executor runs a block
+    # holding one under shard_map, over the trainer group (a group of one when no group was joined)
+    traits=OPTIMIZER_TRAITS + ("collective", "replica_reduce"),
+    doc="Deep Gradient Compression momentum (Lin et al. 2018): dense allreduce + momentum before "
+        "rampup_begin_step, then momentum correction, local accumulation, top-k allgather, SGD update",
+)

@@ -36,7 +36,10 @@ def build_mlp(opt: str = "momentum", depth: int = 2, clip_norm: bool = False, sp
         if clip_norm:
             clip.set_gradient_clip(clip.GradientClipByGlobalNorm(1.0), program=main)
         {"sgd": lambda: optimizer.SGD(0.1), "momentum": lambda: optimizer.Momentum(0.1, 0.9),
-         "adam": lambda: optimizer.Adam(0.01)}[opt]().minimize(loss)
+         "adam": lambda: optimizer.Adam(0.01),
+         "dgc": lambda: optimizer.DGCMomentumOptimizer(0.1, 0.9, rampup_begin_step=2, rampup_step=4,
+                                                       sparsity=[0.75, 0.9375], local_grad_clip_norm=1.0),
+         }[opt]().minimize(loss)
     return main, startup
 
 
@@ -167,3 +170,33 @@ def test_errors() -> None:
         layers.data(name="x", shape=[1], dtype="float32")
     expect_error(lambda: collective(empty_main, empty_startup, mode="collective", collective_mode="local_sgd"),
                  "E622", "optimizer ops")
+
+
+def test_dgc_golden_grads_exchanged_by_dgc_ops_only(golden: Any) -> None:
+    # DGC gradients get no c_allreduce_sum/scale: each dgc_momentum op exchanges its own gradient.
+    t = collective(*build_mlp(opt="dgc"), trainer_id=1)
+    golden.check("mlp_nccl2_dgc.txt", t.program_set.to_string())
+    main = t.get_trainer_program()
+    assert "c_allreduce_sum" not in op_types(main)
+    assert op_types(main).count("dgc_momentum") == 6
+
+
+def test_dgc_refused_in_pserver_mode() -> None:
+    main, startup = build_mlp(opt="dgc")
+    t = DistributeTranspiler(DistributeTranspilerConfig())
+    expect_error(lambda: t.transpile(0, program=main, startup_program=startup, pservers="127.0.0.1:6174",
+                                     trainers=2), "E772", "only supported in collective training")
+
+
+@pytest.mark.parametrize("kw,code,fragment", [
+    ({"sparsity": [0.9, 1.0]}, "E770", "sparsity must be a non-empty list of numbers inside (0, 1)"),
+    ({"sparsity": [0.0]}, "E770", "inside (0, 1)"),
+    ({"sparsity": []}, "E770", "non-empty"),
+    ({"local_grad_clip_norm": -1.0}, "E770", "local_grad_clip_norm must be > 0 or None"),
+    ({"rampup_begin_step": -1}, "E771", "rampup_begin_step must be an int >= 0"),
+    ({"rampup_step": 0}, "E771", "rampup_step must be an int >= 1"),
+    ({"num_trainers": 0}, "E771", "num_trainers must be an int >= 1 or None"),
+])
+def test_dgc_arguments_are_checked(kw: dict[str, Any], code: str, fragment: str) -> None:
+    args = {"learning_rate": 0.1, "momentum": 0.9, "rampup_begin_step": 0, **kw}
+    expect_error(lambda: optimizer.DGCMomentumOptimizer(**args), code, fragment)

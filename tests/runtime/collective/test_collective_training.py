@@ -227,3 +227,44 @@ def test_fingerprints_ignore_names_seeds_and_rank_attributes() -> None:
     assert difference == "op 2 of block 0 (fill_constant(Out=['fc_0.b_0'])): attribute 'shape' is [4] on trainer 0, " \
                          "[5] on trainer 1; variable 'fc_0.b_0' is [[4], 'float32'] on trainer 0, [[5], 'float32'] on " \
                          "trainer 1"
+
+
+DGC_RTOL, DGC_ATOL = 1e-4, 1e-5  # float32 training against a float64 numpy simulation
+
+
+@pytest.fixture(scope="module")
+def dgc_trainers(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """One 2-process job training the two DGC configurations."""
+    out = tmp_path_factory.mktemp("dgc")
+    ps = Procs()
+    try:
+        results = trainers(ps, out, configs="dgc,dgc_dense")
+    finally:
+        ps.kill_all()
+    for code, text in results:
+        assert code == 0, text
+    return out
+
+
+def test_dgc_two_processes_equal_a_simulation_of_the_algorithm(dgc_trainers: pathlib.Path) -> None:
+    """2-trainer DGC (2 dense steps, then sparsity 0.75, 0.9, 0.9; local clipping) equals the numpy
+    simulation of DGC over the same shards of the same batches; both ranks hold the same parameters."""
+    rank0, rank1 = (load(dgc_trainers / f"dgc.rank{r}.npz") for r in (0, 1))
+    reference = worker.train_dgc_simulated(seed=100)
+    for name, value in reference.items():
+        np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=f"dgc: {name} differs between ranks")
+        np.testing.assert_allclose(rank0[name], value, rtol=DGC_RTOL, atol=DGC_ATOL, err_msg=f"dgc: {name}")
+    # compression changed the result: the run is not plain dense momentum
+    assert not np.allclose(rank0["w0"], worker.train_single("momentum", seed=100)["w0"], rtol=1e-3, atol=1e-4)
+
+
+def test_dgc_before_rampup_equals_dense_momentum(dgc_trainers: pathlib.Path) -> None:
+    got = load(dgc_trainers / "dgc_dense.rank0.npz")
+    for name, value in worker.train_single("momentum", seed=100).items():
+        np.testing.assert_allclose(got[name], value, rtol=RTOL, atol=ATOL, err_msg=f"dgc_dense: {name}")
+
+
+def test_dgc_in_one_process_is_dgc_with_a_group_of_one() -> None:
+    got = worker.train_single("dgc", seed=100)
+    for name, value in worker.train_dgc_simulated(seed=100, nranks=1).items():
+        np.testing.assert_allclose(got[name], value, rtol=DGC_RTOL, atol=DGC_ATOL, err_msg=f"dgc, 1 process: {name}")

@@ -39,7 +39,20 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "momentum_local_sgd_k1": ("momentum", {"mode": "collective", "collective_mode": "local_sgd"}),
     "sgd_local_sgd_k2": ("sgd", {"mode": "collective", "collective_mode": "local_sgd", "local_sgd_steps": 2}),
     "sparse_embedding_sgd": ("sparse_sgd", {}),
+    "dgc": ("dgc", {}),
+    "dgc_dense": ("dgc_dense", {}),
 }
+# DGCMomentumOptimizer's settings in the "dgc" configuration (its op's attributes), and "dgc_dense"
+# (compression never starts within the run: dense allreduce + momentum).
+DGC_ATTRS: dict[str, Any] = {"mu": 0.9, "use_nesterov": False, "rampup_begin_step": 2, "rampup_step": 2,
+                             "sparsity": [0.75, 0.9], "local_grad_clip_norm": 1.0, "num_trainers": 0}
+
+
+def _dgc(lr: float, dense: bool = False) -> optimizer.DGCMomentumOptimizer:
+    a = DGC_ATTRS
+    return optimizer.DGCMomentumOptimizer(lr, a["mu"], rampup_begin_step=1000 if dense else a["rampup_begin_step"],
+                                          rampup_step=a["rampup_step"], sparsity=a["sparsity"],
+                                          local_grad_clip_norm=a["local_grad_clip_norm"])
 
 
 def build(opt: str, seed: int, lr_factor: float = 1.0, mu: float = 0.9) -> tuple[Program, Program, Any]:
@@ -57,7 +70,8 @@ def build(opt: str, seed: int, lr_factor: float = 1.0, mu: float = 0.9) -> tuple
         pred = layers.fc(input=h, size=1, param_attr=ParamAttr(name="w1"), bias_attr=ParamAttr(name="b1"))
         loss = layers.mean(layers.square_error_cost(input=pred, label=y))
         {"sgd": lambda: optimizer.SGD(0.1 * lr_factor), "momentum": lambda: optimizer.Momentum(0.1 * lr_factor, mu),
-         "adam": lambda: optimizer.Adam(0.05 * lr_factor)}[opt]().minimize(loss)
+         "adam": lambda: optimizer.Adam(0.05 * lr_factor), "dgc": lambda: _dgc(0.1 * lr_factor),
+         "dgc_dense": lambda: _dgc(0.1 * lr_factor, dense=True)}[opt]().minimize(loss)
     return main, startup, loss
 
 
@@ -79,6 +93,37 @@ def train_single(opt: str, seed: int, steps: int = STEPS) -> dict[str, np.ndarra
     for x, y in batches(steps):
         exe.run(main, feed={"x": x, "y": y}, fetch_list=[loss], scope=scope)
     return params_of(main, scope)
+
+
+def train_dgc_simulated(seed: int, nranks: int = 2, steps: int = STEPS) -> dict[str, np.ndarray]:
+    """DGC with ``nranks`` trainers simulated in one process: each trainer's gradient on its shard comes
+    from running the model's forward and backward (no optimizer) with the current parameters; the
+    update is ``tests.runtime.dgc_reference.dgc_step`` (numpy, float64)."""
+    from tests.runtime.dgc_reference import dgc_step
+
+    main_p, startup, loss = build("sgd", seed)
+    exe, scope = runtime.Executor(), runtime.Scope()
+    exe.run(startup, scope=scope)
+    params = {n: v.astype("float64") for n, v in params_of(main_p, scope).items()}
+    fwd = main_p.clone()
+    block = fwd.global_block()
+    while block.ops and block.ops[-1].type == "sgd":
+        block.remove_op(len(block.ops) - 1)
+    names = sorted(params)
+    us = {n: [np.zeros_like(params[n]) for _ in range(nranks)] for n in names}
+    vs = {n: [np.zeros_like(params[n]) for _ in range(nranks)] for n in names}
+    for step, (x, y) in enumerate(batches(steps)):
+        grads: dict[str, list[np.ndarray]] = {n: [] for n in names}
+        for r in range(nranks):
+            for n in names:
+                scope.set_var(n, params[n].astype("float32"))
+            got = exe.run(fwd, feed={"x": x[r::nranks], "y": y[r::nranks]},
+                          fetch_list=[f"{n}@GRAD" for n in names], scope=scope)
+            for n, g in zip(names, got):
+                grads[n].append(np.asarray(g, "float64"))
+        for n in names:
+            params[n], us[n], vs[n] = dgc_step(params[n], us[n], vs[n], grads[n], step, 0.1, DGC_ATTRS)
+    return params
 
 
 def main(argv: list[str] | None = None) -> int:
