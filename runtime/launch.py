@@ -28,6 +28,10 @@ ends the job on the others through their own processes' bounded waits (a trainer
 the lost pserver endpoint; a pserver's trainer timeout names the trainer ids; a collective trainer names
 the endpoints that left the group), after which each launcher stops its local share as usual.
 
+Restarts (``--max_restarts N``): a trainer that fails is started again, N times in all, with
+``FLOTILLA_RESTART_COUNT`` set to the restart's number (0 at the first start): alone in parameter-server mode
+(it rejoins at the pservers' next step boundary), with every other trainer of this host in collective mode.
+
 Each child gets Paddle's variables (``TRAINING_ROLE``, ``PADDLE_TRAINER_ID``, ``PADDLE_TRAINERS_NUM``,
 ``PADDLE_PSERVERS_IP_PORT_LIST``, ``PADDLE_CURRENT_ENDPOINT``, ``PADDLE_PORT``, ``POD_IP``,
 ``PADDLE_TRAINER_ENDPOINTS``; ``runtime.role.role_from_env`` reads them back) and ``PYTHONUNBUFFERED=1``,
@@ -82,6 +86,7 @@ from runtime.role import LaunchError, format_endpoint, parse_endpoint, parse_end
 
 PROG = "python -m runtime.launch"
 LOCAL_HOST = "127.0.0.1"
+RESTART_COUNT_ENV = "FLOTILLA_RESTART_COUNT"  # a child's restart count: 0 at the first start
 DEFAULT_STARTED_PORT = 6170  # Paddle's launcher's first port, for jobs whose hosts must agree on their ports
 
 REAP_TIMEOUT_S = 5.0  # after SIGKILL, how long to wait for a child to be reaped
@@ -125,6 +130,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--node_ip", default=None, metavar="IP",
                         help="this host's address in the job's lists: start only the processes listed at it "
                              "(default: every process whose address belongs to an interface of this host)")
+    parser.add_argument("--max_restarts", type=int, default=0, metavar="N",
+                        help="restart failed trainers, N times in all: a PS trainer alone (it rejoins at the next "
+                             "step), every collective trainer of this host together (the script resumes from its "
+                             "checkpoint); each gets FLOTILLA_RESTART_COUNT (default: 0, a failure ends the job)")
     on_ray = parser.add_argument_group("on a Ray cluster (pip install 'flotilla[ray]'; runtime/ray_launch.py)")
     on_ray.add_argument("--ray", default=None, metavar="ADDRESS",
                         help="run every process as an actor of the Ray cluster at ADDRESS (host:port, or auto)")
@@ -172,6 +181,7 @@ class JobPlan:
     log_dir: str | None
     stop_timeout: float
     remote: tuple[str, ...] = ()  # tags of the processes other hosts' launchers start
+    max_restarts: int = 0  # failed trainers restarted at most this many times in all (see _Job._restart)
     remote_listeners: tuple[tuple[str, str], ...] = ()  # (tag, endpoint) listening on other hosts: what a
     # failed job probes to name the lost (every remote pserver; in collective mode trainer 0, the coordinator)
 
@@ -210,6 +220,8 @@ def plan_job(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
     environ = os.environ if environ is None else environ
     if not math.isfinite(args.stop_timeout) or args.stop_timeout < 0:
         raise _usage(f"--stop_timeout is {args.stop_timeout}: expected a number of seconds, 0 or more")
+    if args.max_restarts < 0:
+        raise _usage(f"--max_restarts is {args.max_restarts}: expected 0 or more")
     if args.started_port is not None and not 1 <= args.started_port <= 65535:
         raise _usage(f"--started_port is {args.started_port}: expected a port in 1..65535")
     ps_flags = [f for f, v in (("--server_num", args.server_num), ("--worker_num", args.worker_num),
@@ -292,7 +304,7 @@ def plan_job(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
     return JobPlan(mode=mode, pserver_endpoints=server_eps, trainer_endpoints=worker_eps,
                    processes=tuple(p for p in processes if p.tag in local), script=script,
                    script_args=tuple(args.training_script_args), log_dir=args.log_dir,
-                   stop_timeout=float(args.stop_timeout),
+                   stop_timeout=float(args.stop_timeout), max_restarts=args.max_restarts,
                    remote=tuple(p.tag for p in processes if p.tag not in local),
                    remote_listeners=tuple((tag, ep) for ep, tag in endpoints.items() if tag not in local and (
                        tag.startswith(PSERVER_KIND) or (mode == "collective" and tag == f"{TRAINER_KIND}.0"))))
@@ -642,39 +654,69 @@ class _Job:
         self.children: list[_Child] = []
         self.token = new_job_token()  # one per job; never printed
         self.stuck: set[str] = set()  # tags of children found stopped when the job failed
+        self.restarts = 0  # restarts made so far (--max_restarts bounds them)
+        self.preexec = die_with_parent()  # resolved once, in the thread that starts every child
 
     def start(self) -> None:
-        command = [sys.executable, self.plan.script, *self.plan.script_args]
         if self.plan.remote:
             self.out.status(f"this host starts {len(self.plan.processes)} of the job's "
                             f"{len(self.plan.processes) + len(self.plan.remote)} processes; the launchers of the "
                             f"other hosts start {', '.join(self.plan.remote)}")
-        preexec = die_with_parent()
         for spec in self.plan.processes:  # pservers come first in the plan
-            log = None
-            if self.plan.log_dir is not None:
-                log = open(os.path.join(self.plan.log_dir, spec.log_name), "wb")
+            self.children.append(self._spawn(spec))
+
+    def _spawn(self, spec: ProcessSpec) -> _Child:
+        """Start one process of the plan (again, after a restart: its log is appended to)."""
+        command = [sys.executable, self.plan.script, *self.plan.script_args]
+        log = None
+        if self.plan.log_dir is not None:
+            log = open(os.path.join(self.plan.log_dir, spec.log_name), "ab" if self.restarts else "wb")
+        env = child_environ(os.environ, {**spec.env, RESTART_COUNT_ENV: str(self.restarts)}, self.token)
+        try:
+            popen = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=self.preexec)
+        except OSError:
+            if log is not None:
+                log.close()
+            raise
+        child = _Child(spec, popen, log)
+        child.reader = threading.Thread(target=_pump, args=(child, self.out), name=f"launch-{spec.tag}", daemon=True)
+        child.reader.start()
+        self.out.status(f"started {spec.tag} (pid {popen.pid}) at {spec.env['PADDLE_CURRENT_ENDPOINT']}")
+        return child
+
+    def _retire(self, children: Sequence[_Child]) -> None:
+        """Stop, sweep, reap and drain ``children`` (exited or not) before they are replaced."""
+        self.stop(children)
+        for child in children:
+            child.signal_group(signal.SIGKILL)  # the leader is unreaped: its group id is still ours
             try:
-                popen = subprocess.Popen(command, env=child_environ(os.environ, spec.env, self.token),
-                                         stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=preexec)
-            except OSError:
-                if log is not None:
-                    log.close()
-                raise
-            child = _Child(spec, popen, log)
-            child.reader = threading.Thread(target=_pump, args=(child, self.out), name=f"launch-{spec.tag}",
-                                            daemon=True)
-            child.reader.start()
-            self.children.append(child)
-            self.out.status(f"started {spec.tag} (pid {popen.pid}) at {spec.env['PADDLE_CURRENT_ENDPOINT']}")
+                child.popen.wait(timeout=REAP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.out.status(f"{child.spec.tag} (pid {child.pid}) did not exit after SIGKILL", error=True)
+            if child.reader is not None:
+                child.reader.join(timeout=READER_JOIN_S)
+            if child.log is not None:
+                child.log.close()
+
+    def _restart(self, failed: _Child) -> None:
+        """Restart after ``failed`` (a trainer) failed: that trainer alone in parameter-server mode (it rejoins
+        the pservers at their next step boundary), every trainer of this host in collective mode (a group is
+        formed once: the survivors cannot take a new member, so the group starts again)."""
+        self.restarts += 1
+        group = [c for c in self.children if c.spec.kind == TRAINER_KIND] if self.plan.mode == "collective" else [failed]
+        self.out.status(f"{_describe(failed)}: restarting {', '.join(c.spec.tag for c in group)} (restart "
+                        f"{self.restarts} of --max_restarts {self.plan.max_restarts}, {RESTART_COUNT_ENV}="
+                        f"{self.restarts})", error=True)
+        self._retire(group)
+        for child in group:
+            self.children[self.children.index(child)] = self._spawn(child.spec)
 
     def supervise(self) -> int:
         """Wait for the job to end; the exit status of the launcher."""
-        trainers = [c for c in self.children if c.spec.kind == TRAINER_KIND]
         trainers_done_at: float | None = None
         while True:
+            trainers = [c for c in self.children if c.spec.kind == TRAINER_KIND]
             if self.signals.received:
                 name = signal.Signals(self.signals.received[0]).name
                 self.out.status(f"got {name}: stopping the job", error=True)
@@ -686,6 +728,9 @@ class _Job:
                 if rc is None or not was_running:
                     continue
                 self.out.status(f"{_describe(child)}")
+                if rc != 0 and child.spec.kind == TRAINER_KIND and self.restarts < self.plan.max_restarts:
+                    self._restart(child)
+                    break  # the children changed: look at them afresh
                 if rc != 0:
                     self._report_failure(child)
                     self.stop(self.running())

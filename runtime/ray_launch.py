@@ -47,7 +47,8 @@ def _usage(message: str, hint: str | None = None) -> LaunchError:
 def check_args(args: argparse.Namespace) -> tuple[int, int]:
     """(pservers, trainers) of a ``--ray`` job; refuses what Ray decides instead of the user."""
     fixed = [f for f, v in (("--servers", args.servers), ("--workers", args.workers), ("--trainers", args.trainers),
-                            ("--ips", args.ips), ("--node_ip", args.node_ip), ("--started_port", args.started_port))
+                            ("--ips", args.ips), ("--node_ip", args.node_ip), ("--started_port", args.started_port),
+                            ("--max_restarts", args.max_restarts or None))
              if v is not None]
     if fixed:
         raise _usage(f"{', '.join(fixed)} cannot be combined with --ray: Ray places the processes and their "

@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--pause", type=float, default=0.0)
     args = ap.parse_args(argv)
+    restarted = int(os.environ.get("FLOTILLA_RESTART_COUNT", "0") or 0) > 0  # a launcher restarted it: die no more
     if args.devices:
         for name in args.configs.split(","):
             opt, _ = CONFIGS[name]
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         exe.run(t.get_trainer_startup_program(), scope=scope)
         trainer = t.get_trainer_program()
         for step, (x, y) in enumerate(batches(args.steps)):
-            if i == 0 and args.die_at_step == step and args.die_rank in (None, rank):
+            if i == 0 and args.die_at_step == step and args.die_rank in (None, rank) and not restarted:
                 print(f"trainer {rank}: dying before step {step}", flush=True)
                 os._exit(3)
             exe.run(trainer, feed={"x": x[rank::nranks], "y": y[rank::nranks]}, fetch_list=[loss], scope=scope)

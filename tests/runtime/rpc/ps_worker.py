@@ -10,7 +10,9 @@ runs its startup program, saves the parameters it received to ``DIR/trainer_<id>
 ``batch(trainer_id, step)`` for steps ``first-step .. first-step + steps - 1``, saves the parameters it
 holds to ``DIR/trainer_<id>.npz`` and closes its executor (sending Complete). ``--save-at K`` makes
 trainer 0 save a checkpoint after K steps (``--hold`` then keeps every trainer alive until killed);
-``--die-at K`` makes the trainer SIGKILL itself at the start of step K. ``--resume`` (a restarted trainer)
+``--die-at K`` makes the trainer SIGKILL itself at the start of step K (only trainer ``--die-rank R`` when
+given; never a trainer the launcher restarted, ``FLOTILLA_RESTART_COUNT`` > 0, which resumes as with
+``--resume``). ``--resume`` (a restarted trainer)
 starts at the step the pservers admit it at (its client's step after the startup program) instead of
 ``--first-step``, and trains up to the same last step. ``--geo K`` (with ``--async``) transpiles in Geo-SGD
 mode syncing every K steps; a trainer then also saves its losses to ``DIR/trainer_<id>_loss.npy``.
@@ -100,6 +102,7 @@ def main() -> int:
     ap.add_argument("--load", default="")
     ap.add_argument("--hold", action="store_true")
     ap.add_argument("--die-at", type=int, default=-1)
+    ap.add_argument("--die-rank", type=int, default=-1, help="only this trainer dies at --die-at (default: any)")
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--geo", type=int, default=0)
@@ -130,13 +133,14 @@ def main() -> int:
     names = [n for n in (*DENSE_PARAMS, *(["table"] if args.geo else [])) if prog.global_block().has_var(n)]
     save(args.out / f"trainer_{role.trainer_id}_init.npz", scope, names)
     first = args.first_step
-    if args.resume:
+    restarted = int(os.environ.get("FLOTILLA_RESTART_COUNT", "0") or 0) > 0  # started again by the launcher
+    if args.resume or restarted:
         first = exe.rpc_session.client(role.trainer_id).step
         print(f"trainer {role.trainer_id} resumes at step {first}", flush=True)
     loss = [op.output("Out")[0] for op in prog.global_block().ops if op.type == "mean"][:1] if args.geo else []
     losses = []
     for step in range(first, args.first_step + args.steps):
-        if step == args.die_at:
+        if step == args.die_at and not restarted and args.die_rank in (-1, role.trainer_id):
             os.kill(os.getpid(), signal.SIGKILL)
         losses += exe.run(prog, feed=batch(args.model, role.trainer_id, step), fetch_list=loss, scope=scope)
         print(f"trainer {role.trainer_id} step {step}", flush=True)
