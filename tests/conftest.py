@@ -1,14 +1,59 @@
-"""Shared pytest setup: the ``--update-goldens`` option, the ``golden`` fixture, and ``netns_hosts`` (hosts
-as network namespaces, ``tests/netns.py``)."""
+"""Shared pytest setup: the ``--update-goldens`` option, the ``golden`` fixture, one JAX compilation cache
+for the session, and ``netns_hosts`` (hosts as network namespaces, ``tests/netns.py``).
+
+The compilation cache: the suite starts hundreds of processes (pservers, trainers, launched scripts) that
+compile the same few programs; each used to compile them again. A persistent cache in a directory made
+for this session (``JAX_COMPILATION_CACHE_DIR``, inherited by every child process) lets the second
+process load what the first compiled: the same executable, so results are unchanged (the bit-identical
+tests still compare runs). The directory starts empty and is removed at the end of the session, so no
+run sees another's cache. It needs ``filelock`` (a test dependency): with a size limit set, jax locks the
+directory, so a process never reads an entry another is still writing. Without ``filelock``, or when
+``JAX_COMPILATION_CACHE_DIR`` is already set, nothing is changed.
+"""
 from __future__ import annotations
 
+import importlib.util
+import os
 import pathlib
+import shutil
+import sys
+import tempfile
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
 if TYPE_CHECKING:
     from tests.netns import Hosts
+
+_CACHE_DIR: str | None = None
+_CACHE_ENV = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the default (1 s) would skip most of our programs
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 << 30),  # any limit turns on jax's file lock; this one never evicts
+}
+
+
+def _start_compilation_cache() -> None:
+    global _CACHE_DIR
+    if "JAX_COMPILATION_CACHE_DIR" in os.environ or importlib.util.find_spec("filelock") is None:
+        return
+    _CACHE_DIR = tempfile.mkdtemp(prefix="flotilla-tests-jax-cache-")
+    os.environ.update(_CACHE_ENV, JAX_COMPILATION_CACHE_DIR=_CACHE_DIR)
+    if "jax" in sys.modules:  # imported before this conftest: its config read the environment already
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        jax.config.update("jax_compilation_cache_max_size", 4 << 30)
+
+
+_start_compilation_cache()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _CACHE_DIR is not None:
+        shutil.rmtree(_CACHE_DIR, ignore_errors=True)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

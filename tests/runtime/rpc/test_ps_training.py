@@ -156,7 +156,7 @@ def trained(out: pathlib.Path, model: str, pservers: int, suffix: str = "") -> d
 ])
 def test_sync_training_matches_local(tmp_path: pathlib.Path, clusters: list[Cluster], model: str, opt: str,
                                      lr: str) -> None:
-    steps = 10
+    steps = 5  # past the exp rate's first step down (at 3), Adam's bias correction moving every step
     run_ok(clusters, tmp_path, 2, 2, ["--model", model, "--opt", opt, "--lr", lr, "--steps", str(steps)])
     init, final = trained(tmp_path, model, 2, "_init"), trained(tmp_path, model, 2)
     other = dict(np.load(tmp_path / "trainer_1.npz"))
@@ -300,11 +300,11 @@ def test_checkpoint_restart_is_bit_identical(tmp_path: pathlib.Path, clusters: l
     args = ["--model", "table", "--opt", "adam", "--lr", "exp"]
     whole = tmp_path / "whole"
     whole.mkdir()
-    run_ok(clusters, whole, 2, 2, args + ["--steps", "20"])
+    run_ok(clusters, whole, 2, 2, args + ["--steps", "8"])  # the exp rate steps down at 3 and 6: in both halves
 
     first, ckpt = tmp_path / "first", tmp_path / "ckpt"
     first.mkdir()
-    c = Cluster(first, 2, 2, args + ["--steps", "10", "--save-at", "10", "--ckpt", str(ckpt), "--hold"],
+    c = Cluster(first, 2, 2, args + ["--steps", "4", "--save-at", "4", "--ckpt", str(ckpt), "--hold"],
                 env={"FLOTILLA_CHECKPOINT_ROOT": str(tmp_path)})
     clusters.append(c)
     c.wait_for(first / "saved")
@@ -313,7 +313,7 @@ def test_checkpoint_restart_is_bit_identical(tmp_path: pathlib.Path, clusters: l
 
     second = tmp_path / "second"
     second.mkdir()
-    run_ok(clusters, second, 2, 2, args + ["--first-step", "10", "--steps", "10", "--load", str(ckpt)])
+    run_ok(clusters, second, 2, 2, args + ["--first-step", "4", "--steps", "4", "--load", str(ckpt)])
     expected, got = trained(whole, "table", 2), trained(second, "table", 2)
     for name, value in expected.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
