@@ -82,6 +82,7 @@ class Group:
 
 
 _group: Group | None = None  # jax.distributed is process-global state; so is the group it forms
+_arena: Any = None  # the group's shared-memory allreduce arena (runtime.shm_collective), when it has one
 _failed = False  # a collective step of the group failed (describe_failure): the group is broken for good
 EXIT_BROKEN_GROUP = 1
 
@@ -144,7 +145,40 @@ def join_group(trainer_id: int, endpoints: Sequence[str], program: Any = None) -
                                heartbeat_timeout_seconds=max(1, int(heartbeat)), **kwargs)
     _group = Group(trainer_id, eps)
     atexit.register(_exit_if_broken)  # runs before JAX's own exit handler, registered when JAX was imported
+    _set_up_arena(trainer_id, len(eps), timeout)
     return _group
+
+
+def _set_up_arena(trainer_id: int, nranks: int, timeout: float) -> None:
+    """The group's shared-memory allreduce (``runtime.shm_collective``), decided alike on every rank."""
+    global _arena
+    from jax._src import distributed
+
+    from runtime import shm_collective
+    from runtime import malloc
+
+    on_cpu = all(d.platform == "cpu" for d in jax.local_devices())
+    _arena = shm_collective.setup(distributed.global_state.client, trainer_id, nranks, timeout, on_cpu)
+    if _arena is not None:
+        malloc.tune(no_mmap=True)  # XLA's buffers around the callbacks: recycled, not page-faulted in each step
+        shm_collective.quiet_callback_log()
+
+
+def step_failed(error: BaseException) -> bool:
+    """Whether ``error``, raised by a compiled run, is a failed collective: XLA's (a runtime error) or the
+    shared-memory allreduce's (which JAX re-raises from its callback as a ValueError)."""
+    if isinstance(error, jax.errors.JaxRuntimeError):
+        return True
+    return _arena is not None and _arena.failure is not None
+
+
+def shared_arena(dp: "DataParallel") -> Any:
+    """The shared-memory arena a compiled run over ``dp`` sums through, or None (XLA's collectives): only
+    over the group's process mesh (one device a trainer: one callback a process)."""
+    group = _group
+    if _arena is None or group is None or dp.nranks != group.nranks or len(dp.local_devices) != 1:
+        return None
+    return _arena
 
 
 def _bind_gloo(host: str) -> None:
@@ -547,11 +581,16 @@ def describe_failure(error: BaseException) -> CollectiveError:
     group is broken from then on: the process exits with status 1 without shutting it down."""
     global _failed
     _failed = True
-    missing = _missing_ranks()
+    arena_failure = _arena.failure if _arena is not None else None
+    if arena_failure is not None and not _arena.gone:
+        return CollectiveError(f"a collective step failed: {arena_failure}",
+                               hint="see every trainer's log; the job cannot continue")
+    missing = _arena.gone if arena_failure is not None else _missing_ranks()
     lost = f" ({', '.join(_group.endpoints[r] for r in missing)})" if missing and _group is not None else ""
     who = f"trainer(s) {missing}{lost} left the group" if missing else "a peer trainer left the group"
     size = f" of {_group.nranks} trainers" if _group is not None else ""
-    return CollectiveError(f"a collective step{size} failed: {who} ({str(error).splitlines()[0]})",
+    detail = "its process is gone; seen by the shared-memory allreduce" if arena_failure else str(error).splitlines()[0]
+    return CollectiveError(f"a collective step{size} failed: {who} ({detail})",
                            hint="see the failed trainer's log; the job cannot continue without it")
 
 
@@ -575,4 +614,4 @@ def _missing_ranks(wait_s: float = 2.0) -> list[int]:
 
 
 __all__ = ["AXIS", "CollectiveError", "DataParallel", "Group", "check_program", "current_group", "describe_failure",
-           "device_mesh", "join_group", "local_value", "process_mesh"]
+           "device_mesh", "join_group", "local_value", "process_mesh", "shared_arena", "step_failed"]

@@ -244,11 +244,13 @@ class Executor:
                 value = local_value(value, batch=_is_batch(block, name, plan.persistable),
                                     merge=name not in plan.persistable)
                 results.append(_to_numpy(value) if return_numpy else value)
-        except jax.errors.JaxRuntimeError as e:
+        except (jax.errors.JaxRuntimeError, ValueError) as e:
             if dp is None and plan.collective_nranks is None:
                 raise
-            from runtime.collective import describe_failure
+            from runtime.collective import describe_failure, step_failed
 
+            if not step_failed(e):
+                raise
             raise describe_failure(e) from e  # a collective step failed: a peer died or hung up
         return results
 
@@ -389,12 +391,12 @@ class Executor:
             return jax.jit(_trace_run(run, block, None), donate_argnums=(0,))
         from jax.sharding import PartitionSpec as P
 
-        from runtime.collective import AXIS
+        from runtime.collective import AXIS, shared_arena
 
         def specs(names: list[str]) -> tuple[Any, ...]:
             return tuple(dp.spec(n in run.batch) for n in names)
 
-        body = jax.shard_map(_trace_run(run, block, AXIS), mesh=dp.mesh,
+        body = jax.shard_map(_trace_run(run, block, AXIS, shared_arena(dp)), mesh=dp.mesh,
                              in_specs=(specs(run.donated), specs(run.kept), P()),
                              out_specs=specs(run.outputs), check_vma=False)
         return jax.jit(body, donate_argnums=(0,))
@@ -479,13 +481,13 @@ class Executor:
         return value
 
 
-def _trace_run(run: _PureRun, block: Block, axis: str | None) -> Any:
+def _trace_run(run: _PureRun, block: Block, axis: str | None, arena: Any = None) -> Any:
     deletes_before = _deletes_before(block)
     ops = [(i, op, get_kernel(op.type), dict(op.attrs), _is_random(op)) for i, op in run.ops]
     program_seed = block.program.random_seed
 
     def fn(donated: tuple[Any, ...], kept: tuple[Any, ...], runs: Any) -> tuple[Any, ...]:
-        with collective_axis(axis):
+        with collective_axis(axis, arena):
             return body(donated, kept, runs)
 
     def body(donated: tuple[Any, ...], kept: tuple[Any, ...], runs: Any) -> tuple[Any, ...]:

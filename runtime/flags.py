@@ -11,7 +11,7 @@ hot path), validated, and handed on in explicit objects.
                                 boundary; 0: it is refused (FAILED_PRECONDITION) (1)
 ``FLAGS_pserver_check_finite``  1: a pserver refuses gradients holding NaN or Inf; 0: no check (1)
 ``FLAGS_rpc_tune_malloc``      1: a process that talks to pservers (or is one) keeps large freed buffers for
-                                reuse instead of page-faulting fresh ones per message (runtime.rpc.malloc) (1)
+                                reuse instead of page-faulting fresh ones per message (runtime.malloc) (1)
 ``FLAGS_communicator_max_staleness``  async mode: how many steps a trainer's parameters may lag its own
                                 sends (1). Each step's sends and the next parameter pull run in the
                                 background while the trainer computes; at step s the parameters reflect

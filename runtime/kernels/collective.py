@@ -8,7 +8,10 @@ which is what a group of one computes.
 - ``c_allreduce_sum`` of several dense variables concatenates them into one flat buffer per dtype, so a
   bucket costs one collective; a selected-rows gradient is gathered (rows and values of every rank,
   concatenated: their sum as a SelectedRows) instead of densified.
-- ``c_broadcast`` is a ``psum`` of the root's value and zeros elsewhere.
+- ``c_broadcast`` is a sum of the root's value and zeros elsewhere.
+- A dense sum is ``lax.psum`` (XLA's collective: NCCL on GPU, gloo on CPU), or, when the run was traced
+  with the group's shared-memory arena (``runtime.shm_collective``: every trainer on this host, CPU), a
+  host callback summing through it, chained to the step's other such calls in trace order.
 - ``c_local_sgd`` averages only on every ``k_steps``-th step, under ``lax.cond``, so the other steps
   pay no communication.
 - ``dgc_momentum`` (Deep Gradient Compression, Lin et al. 2018, as Fluid 1.6's ``dgc_momentum``) is an
@@ -27,7 +30,9 @@ import contextlib
 import contextvars
 from typing import Any, Iterator
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from runtime.kernels.registry import Ins, host_kernel, kernel, one
@@ -36,13 +41,65 @@ from runtime.scope import SelectedRows
 _AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar("flotilla_collective_axis", default=None)
 
 
+def _shared_sum_abstract(token: Any, x: Any, *, arena: Any) -> list[Any]:
+    return [jax.core.ShapedArray((), jnp.int32), jax.core.ShapedArray(x.shape, x.dtype)]
+
+
+def _shared_sum_lowering(ctx: Any, token: Any, x: Any, *, arena: Any) -> Any:
+    """A host callback taking XLA's operand buffers as numpy arrays as they come (``jax.pure_callback``
+    would first copy each into a new JAX array: a second copy of the whole bucket every step)."""
+    from jax._src import callback
+
+    def host(token: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.int32(token + 1), arena.allreduce(x)
+
+    sharding = callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
+    results, _, _ = callback.emit_python_callback(ctx, host, None, [token, x], ctx.avals_in, ctx.avals_out,
+                                                  has_side_effect=False, returns_token=False, sharding=sharding)
+    return results
+
+
+def _shared_sum_primitive() -> Any:
+    from jax._src.interpreters import mlir
+    from jax.extend.core import Primitive
+
+    prim = Primitive("flotilla_shared_sum")
+    prim.multiple_results = True
+    prim.def_abstract_eval(_shared_sum_abstract)
+    mlir.register_lowering(prim, _shared_sum_lowering, platform="cpu", cacheable=False)
+    return prim
+
+
+_shared_sum_p = _shared_sum_primitive()
+
+
+class _SharedSum:
+    """A traced step's dense sums through the group's shared-memory arena (``runtime.shm_collective``):
+    each is a host callback; a token chains them so XLA runs them in trace order on every rank."""
+
+    def __init__(self, arena: Any) -> None:
+        self.arena = arena
+        self.token: Any = None
+
+    def __call__(self, x: Any) -> Any:
+        token = self.token if self.token is not None else jnp.zeros((), jnp.int32)
+        self.token, out = _shared_sum_p.bind(token, x, arena=self.arena)
+        return out
+
+
+_SHARED: contextvars.ContextVar[_SharedSum | None] = contextvars.ContextVar("flotilla_shared_sum", default=None)
+
+
 @contextlib.contextmanager
-def collective_axis(axis: str | None) -> Iterator[None]:
-    """Trace the kernels inside with collectives over mesh axis ``axis`` (None: a group of one)."""
+def collective_axis(axis: str | None, arena: Any = None) -> Iterator[None]:
+    """Trace the kernels inside with collectives over mesh axis ``axis`` (None: a group of one); dense
+    sums go through ``arena`` (a ``runtime.shm_collective.Arena``) when given."""
     token = _AXIS.set(axis)
+    shared = _SHARED.set(_SharedSum(arena) if arena is not None and axis is not None else None)
     try:
         yield
     finally:
+        _SHARED.reset(shared)
         _AXIS.reset(token)
 
 
@@ -60,15 +117,22 @@ def gen_nccl_id(ctx: Any, op: Any) -> None:
     join_group(trainer_id, endpoints, program=ctx.program)
 
 
-def _allreduce_dense(xs: list[Any], axis: str) -> list[Any]:
+def _sum(x: Any, axis: str, shared: bool) -> Any:
+    """The sum of ``x`` over the group: through the shared arena when the run has one (and ``shared``:
+    not inside control flow, whose trace cannot hand the chaining token back out), else ``psum``."""
+    via = _SHARED.get() if shared else None
+    return via(x) if via is not None else lax.psum(x, axis)
+
+
+def _allreduce_dense(xs: list[Any], axis: str, shared: bool = True) -> list[Any]:
     if len(xs) == 1:
-        return [lax.psum(xs[0], axis)]
+        return [_sum(xs[0], axis, shared)]
     out: list[Any] = [None] * len(xs)
     by_dtype: dict[Any, list[int]] = {}
     for i, x in enumerate(xs):
         by_dtype.setdefault(jnp.result_type(x), []).append(i)
     for idx in by_dtype.values():
-        flat = lax.psum(jnp.concatenate([jnp.ravel(xs[i]) for i in idx]), axis)
+        flat = _sum(jnp.concatenate([jnp.ravel(xs[i]) for i in idx]), axis, shared)
         offset = 0
         for i in idx:
             size = xs[i].size
@@ -101,7 +165,7 @@ def c_broadcast(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
     if axis is None:
         return {"Out": [x]}
     mine = lax.axis_index(axis) == attrs["root"]
-    return {"Out": [lax.psum(jnp.where(mine, x, jnp.zeros_like(x)), axis)]}
+    return {"Out": [_sum(jnp.where(mine, x, jnp.zeros_like(x)), axis, True)]}
 
 
 @kernel("c_local_sgd")
@@ -114,7 +178,7 @@ def c_local_sgd(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
     n = lax.psum(1, axis)
 
     def average(ps: list[Any]) -> list[Any]:
-        return [p / jnp.asarray(n, p.dtype) for p in _allreduce_dense(ps, axis)]
+        return [p / jnp.asarray(n, p.dtype) for p in _allreduce_dense(ps, axis, shared=False)]
 
     due = jnp.reshape(step, (-1,))[0] % attrs["k_steps"] == 0
     return {"ParamOut": lax.cond(due, average, lambda ps: list(ps), params), "StepOut": [step]}

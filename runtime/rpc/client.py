@@ -48,7 +48,7 @@ import grpc
 
 from ir.errors import FlotillaError
 from runtime.flags import RPCSecurity, flag, rpc_security
-from runtime.rpc import malloc
+from runtime import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.server import SERVICE, grpc_options
 from runtime.rpc.stream import STREAM_THRESHOLD, ReceiveBuffers, get_chunked, send_chunked

@@ -36,7 +36,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from runtime.flags import INSECURE_ENV, TOKEN_ENV, FlagError, RPCSecurity
-from runtime.rpc import malloc
+from runtime import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
 from runtime.rpc.stream import ReceiveBuffers, encode_chunks

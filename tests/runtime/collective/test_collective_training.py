@@ -75,17 +75,20 @@ def load(path: pathlib.Path) -> dict[str, np.ndarray]:
         return {k: f[k] for k in f.files}
 
 
-@pytest.fixture(scope="module")
-def two_trainers(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """One 2-process job training every configuration (one group for all of them)."""
+@pytest.fixture(scope="module", params=["auto", "xla"])
+def two_trainers(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> pathlib.Path:
+    """One 2-process job training every configuration (one group for all of them), its dense sums
+    through shared memory (``FLAGS_cpu_allreduce=auto``, every trainer on this host) or XLA's gloo."""
     out = tmp_path_factory.mktemp("collective")
     ps = Procs()
     try:
-        results = trainers(ps, out)
+        results = trainers(ps, out, FLAGS_cpu_allreduce=request.param)
     finally:
         ps.kill_all()
+    via = "shared memory" if request.param == "auto" else "XLA"
     for code, text in results:
         assert code == 0, text
+        assert f"dense sums through {via}" in text, text[-2000:]
     return out
 
 

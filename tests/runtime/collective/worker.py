@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.pause)
         np.savez(os.path.join(args.out, f"{name}.rank{rank}.npz"), **params_of(main_p, scope))
         print(f"trainer {rank}: {name} done", flush=True)
+    from runtime import collective
+
+    print(f"trainer {rank}: dense sums through {'shared memory' if collective._arena else 'XLA'}", flush=True)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``runtime.rpc.malloc``: large freed buffers are reused instead of page-faulted in afresh."""
+"""``runtime.malloc``: large freed buffers are reused instead of page-faulted in afresh."""
 from __future__ import annotations
 
 import os
@@ -8,16 +8,16 @@ import textwrap
 
 import pytest
 
-from runtime.rpc import malloc
+from runtime import malloc
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # In a fresh process: tune (or not), then in two threads (as gRPC's) allocate, fill and free 2 MiB
 # buffers of varying sizes, two alive at a time (a message and its copy), 64 times each, and print the
 # minor page faults that took (a buffer in a fresh mapping faults in each of its 512 pages).
 CHILD = textwrap.dedent("""
     import resource, threading
-    from runtime.rpc import malloc
+    from runtime import malloc
     tuned = malloc.tune()
     def work():
         for i in range(64):
