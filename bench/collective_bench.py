@@ -83,8 +83,8 @@ MIB = 1 << 20
 SIZES_MIB = (4, 64)
 #: libgomp's wait policy in the torch workers (unless the environment sets one): torch's OpenMP threads
 #: spin at a barrier by default, which, on a machine whose cores are all busy (4 processes of 2 threads on
-#: 2 cores, other jobs), made its ResNet step 5-25x slower than passive waiting did here; XLA's pool,
-#: the Flotilla side, does not spin like that. Passive gives torch its best figure under load.
+#: 2 cores, other jobs), made its 1-process ResNet step 5-25x slower than passive waiting did here (load
+#: 5-6, 2 threads). Passive gives torch its best figure under load: the baseline is not handicapped.
 TORCH_OMP_WAIT_POLICY = "PASSIVE"
 
 
