@@ -208,6 +208,16 @@ def _torch_init(rank: int, endpoints: list[str], threads: int) -> Any:
     return torch
 
 
+def _torch_leave(n: int) -> None:
+    """Leave the gloo group together: a barrier first, so rank 0 (which hosts the group's store) does not
+    tear it down while another rank still uses it."""
+    if n > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def worker_torch_allreduce(rank: int, endpoints: list[str], reps: int, threads: int) -> dict[str, Any]:
     """Seconds of one ``torch.distributed.all_reduce`` (gloo, sum) of 4 and 64 MiB float32 (medians)."""
     torch = _torch_init(rank, endpoints, threads)
@@ -225,7 +235,7 @@ def worker_torch_allreduce(rank: int, endpoints: list[str], reps: int, threads: 
             if not bool((buf == want).all()):
                 raise RuntimeError(f"torch gloo allreduce of {mib} MiB summed to {buf[:4].tolist()}..., not {want}")
     finally:
-        dist.destroy_process_group()
+        _torch_leave(len(endpoints))
     return out
 
 
@@ -297,8 +307,7 @@ def worker_torch_model(rank: int, endpoints: list[str], name: str, steps: int, b
         float(loss)
         elapsed = time.perf_counter() - start
     finally:
-        if n > 1:
-            torch.distributed.destroy_process_group()
+        _torch_leave(n)
     return {"examples_per_s": steps * batch / n / elapsed, "step_s": elapsed / steps}
 
 
@@ -405,6 +414,11 @@ def worker_main(argv: list[str]) -> None:
     else:
         result = worker_fusion(rank, endpoints, spec["fuse_mb"], spec["steps"])
     print("RESULT " + json.dumps(result), flush=True)
+    if kind.startswith("torch_"):
+        # The figure is out. A torch worker once aborted in interpreter teardown after it ("terminate called
+        # without an active exception": a gloo thread still joinable at exit), failing a whole run.
+        sys.stderr.flush()
+        os._exit(0)
 
 
 # --- figures, the comparison table, the plot -----------------------------------------------------------------
