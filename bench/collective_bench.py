@@ -1,18 +1,24 @@
-"""Collective-mode benchmark: ``python bench/collective_bench.py [--quick] [--json FILE]``.
+"""Collective-mode benchmark: ``python bench/collective_bench.py [--quick] [--vs-torch] [--plot FILE.png]
+[--json FILE]``.
 
 Everything is measured in one run, on this machine, over 127.0.0.1, each figure beside the baseline it is
 compared with:
 
-(a) allreduce bus bandwidth of 4 MiB and 64 MiB float32 over 2 trainer processes, through the runtime's
-    own path (a ``c_allreduce_sum`` op run by ``runtime.Executor`` in a group formed by ``gen_nccl_id``),
-    against (i) a bare ``jax.lax.psum`` under ``shard_map`` in the same processes and (ii) raw loopback
-    TCP between the same two processes (bytes one way, sockets of Python). For 2 ranks the bus
-    bandwidth equals the algorithm bandwidth (bytes / time); a ring allreduce moves as many bytes each
-    way as one send of the buffer, so raw TCP is its ceiling.
-(b) ResNet and Transformer examples (``examples/resnet``, ``examples/transformer``): examples/s of one
-    process, and of 2 trainer processes (nccl2, each on its half of every global batch), and the
-    scaling ratio (2-process job throughput / 1-process throughput). The 2 processes share the same 2
-    cores as the 1 process had alone, so a ratio near 1 is the ceiling here, not 2.
+(a) allreduce bus bandwidth (bytes * 2(n-1)/n / time, nccl-tests' definition; for 2 ranks the bytes over
+    the time) of 4 MiB and 64 MiB float32 over 2 and 4 trainer processes, through the runtime's own path
+    (a ``c_allreduce_sum`` op run by ``runtime.Executor`` in a group formed by ``gen_nccl_id``), against
+    (i) a bare ``jax.lax.psum`` under ``shard_map`` in the same processes, (ii) for 2 processes, raw
+    loopback TCP between them (bytes one way, sockets of Python: a ring allreduce of 2 moves as many
+    bytes each way as one send of the buffer, so raw TCP is its ceiling), and (iii) with ``--vs-torch``,
+    ``torch.distributed.all_reduce`` over gloo in as many processes of its own. A figure is the slowest
+    rank's median over the repetitions; ``--rounds`` (3) rounds run interleaved (per process count:
+    Flotilla's job, then torch's), so load hits both alike, and the table reports the medians.
+(b) ResNet and Transformer examples (``examples/resnet``, ``examples/transformer``): examples/s of 1, 2
+    and 4 trainer processes (1: the untranspiled program; more: nccl2, each trainer on its share of every
+    global batch of 32) and the scaling (n-process examples/s / 1-process examples/s). All processes share
+    the machine's cores, so a scaling near 1 is the ceiling here, not n. With ``--vs-torch``, after each
+    Flotilla job the same job in torch (``bench/torch_models.py``: the same architectures, sizes, batch
+    and optimizers): DDP over gloo for 2 and 4 processes, the bare model for 1.
 (c) fused against unfused gradient allreduce for an MLP with 120 small gradients (60 layers of 16
     units): step time of 2 trainers with ``fuse_grad_size_in_MB=32`` (one collective) and ``0`` (120).
 
@@ -34,13 +40,26 @@ compared with:
     the same parameters; the dense run from others (its startup program has other ops, so the seeded
     initialisers draw differently), which shows in the first losses.
 
+Then the table a person reads: each figure of (a) and (b), Flotilla's value, torch's, their ratio and the
+1-minute load average around the runs. Without torch (a bench-only extra: ``pip install -e '.[bench]'``)
+or without ``--vs-torch`` the torch column holds the figures recorded here before (``RECORDED_TORCH``),
+marked "NOT MEASURED IN THIS RUN". ``--plot FILE.png`` draws (b)'s examples/s against the process count
+for both systems (matplotlib, also in the extra; skipped, saying so, without it).
+
+Fair threads: a Flotilla process's XLA CPU client sizes its intra-op pool to the CPUs the process may
+run on; each torch process gets as many intra-op threads (``torch.set_num_threads``, ``fair_threads``)
+and waits passively at OpenMP barriers (``TORCH_OMP_WAIT_POLICY``; torch's default spinning collapses on
+a loaded machine). Workers of both systems start alike otherwise, with this process's environment.
+
 Timings take the median of repeated runs after warm-up (compilation excluded). ``--quick`` runs fewer
 repetitions; its figures say so and are not comparable with a full run.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import pathlib
 import socket
@@ -48,7 +67,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -60,6 +80,12 @@ from tests.netns import LOOPBACK, Host, Hosts, NetnsError, existing_hosts  # noq
 CROSS_HOST_PORT = 6170  # trainer r listens on 6170 of its host (a namespace's own port space); raw TCP on 6180
 
 MIB = 1 << 20
+SIZES_MIB = (4, 64)
+#: libgomp's wait policy in the torch workers (unless the environment sets one): torch's OpenMP threads
+#: spin at a barrier by default, which, on a machine whose cores are all busy (4 processes of 2 threads on
+#: 2 cores, other jobs), made its 1-process ResNet step 5-25x slower than passive waiting did here (load
+#: 5-6, 2 threads). Passive gives torch its best figure under load: the baseline is not handicapped.
+TORCH_OMP_WAIT_POLICY = "PASSIVE"
 
 
 # --- worker side -------------------------------------------------------------------------------------------
@@ -119,7 +145,7 @@ def _tcp_pair(rank: int, host: str, port: int, nbytes: int, reps: int) -> float:
     return statistics.median(times[2:])
 
 
-def _allreduce_program(numel: int) -> Any:
+def _allreduce_program(numel: int, nranks: int) -> Any:
     from ir import Program, program_guard
     from ir.roles import OP_ROLE_ATTR, OpRole
 
@@ -128,11 +154,13 @@ def _allreduce_program(numel: int) -> Any:
         block = main.global_block()
         block.create_var("buf", shape=(numel,), dtype="float32", persistable=True)
         block.append_op("c_allreduce_sum", {"X": ["buf"]}, {"Out": ["buf"]},
-                        {"nranks": 2, OP_ROLE_ATTR: int(OpRole.BACKWARD)})
+                        {"nranks": nranks, OP_ROLE_ATTR: int(OpRole.BACKWARD)})
     return main
 
 
 def worker_transport(rank: int, endpoints: list[str], tcp_port: int, reps: int) -> dict[str, Any]:
+    """Seconds of one allreduce of 4 and 64 MiB through the runtime and through bare psum (medians), and,
+    with 2 ranks, of one TCP send of the buffer between them."""
     tcp_host = endpoints[0].rsplit(":", 1)[0]
     _join(rank, endpoints)
     import jax
@@ -144,11 +172,11 @@ def worker_transport(rank: int, endpoints: list[str], tcp_port: int, reps: int) 
 
     out: dict[str, Any] = {}
     mesh = process_mesh()
-    for mib in (4, 64):
+    for mib in SIZES_MIB:
         numel = mib * MIB // 4
         exe, scope = runtime.Executor(), runtime.Scope()
         scope.set_var("buf", np.full(numel, 1.0 / 1024, np.float32))
-        program = _allreduce_program(numel)
+        program = _allreduce_program(numel, len(endpoints))
 
         def through_runtime() -> None:
             exe.run(program, scope=scope)
@@ -159,8 +187,55 @@ def worker_transport(rank: int, endpoints: list[str], tcp_port: int, reps: int) 
                                      check_vma=False))
         x = mesh.to_global(np.ones(numel, np.float32), False)
         bare_s = _timed(lambda: jax.block_until_ready(psum(x)), reps)
-        tcp_s = _tcp_pair(rank, tcp_host, tcp_port + (0 if mib == 4 else 1), numel * 4, reps)
+        tcp_s = _tcp_pair(rank, tcp_host, tcp_port + (0 if mib == 4 else 1), numel * 4, reps) \
+            if len(endpoints) == 2 else None
         out[f"{mib}MiB"] = {"runtime_s": runtime_s, "psum_s": bare_s, "tcp_s": tcp_s, "bytes": numel * 4}
+    return out
+
+
+def _torch_init(rank: int, endpoints: list[str], threads: int) -> Any:
+    """torch with ``threads`` intra-op threads, in a gloo group over 127.0.0.1 when there are 2+ ranks."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    if len(endpoints) > 1:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's pairs on loopback, not the host name's address
+        dist.init_process_group("gloo", init_method=f"tcp://{endpoints[0]}", rank=rank, world_size=len(endpoints),
+                                timeout=datetime.timedelta(seconds=120))
+    return torch
+
+
+def _torch_leave(n: int) -> None:
+    """Leave the gloo group together: a barrier first, so rank 0 (which hosts the group's store) does not
+    tear it down while another rank still uses it."""
+    if n > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def worker_torch_allreduce(rank: int, endpoints: list[str], reps: int, threads: int) -> dict[str, Any]:
+    """Seconds of one ``torch.distributed.all_reduce`` (gloo, sum) of 4 and 64 MiB float32 (medians)."""
+    torch = _torch_init(rank, endpoints, threads)
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {}
+    try:
+        for mib in SIZES_MIB:
+            numel = mib * MIB // 4
+            buf = torch.full((numel,), 1.0 / 1024, dtype=torch.float32)
+            out[f"{mib}MiB"] = {"torch_s": _timed(lambda: dist.all_reduce(buf), reps), "bytes": numel * 4}
+            buf.fill_(rank + 1.0)
+            dist.all_reduce(buf)  # a figure of a wrong sum would be worthless: check one
+            want = len(endpoints) * (len(endpoints) + 1) / 2
+            if not bool((buf == want).all()):
+                raise RuntimeError(f"torch gloo allreduce of {mib} MiB summed to {buf[:4].tolist()}..., not {want}")
+    finally:
+        _torch_leave(len(endpoints))
     return out
 
 
@@ -200,6 +275,39 @@ def worker_model(rank: int, endpoints: list[str], name: str, steps: int, batch: 
         out, = exe.run(main, feed=shards[i % len(shards)], fetch_list=[loss], scope=scope)
     np.asarray(out)
     elapsed = time.perf_counter() - start
+    return {"examples_per_s": steps * batch / n / elapsed, "step_s": elapsed / steps}
+
+
+def worker_torch_model(rank: int, endpoints: list[str], name: str, steps: int, batch: int,
+                       threads: int) -> dict[str, Any]:
+    """Examples/s of one torch trainer of ``len(endpoints)``: DDP (gloo) over the processes, or, for 1,
+    the bare model (as the Flotilla side's 1 process runs the untranspiled program); timed like
+    ``worker_model``: 2 warm-up steps, then ``steps`` on this rank's shares of 4 global batches."""
+    n = len(endpoints)
+    torch = _torch_init(rank, endpoints, threads)
+    from bench import torch_models
+
+    train = _example(name)
+    args = train.parse_args(["--batch-size", str(batch)])
+    torch.manual_seed(2018)
+    model, opt = torch_models.build(name, args)
+    model.train()
+    try:
+        if n > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            model = DistributedDataParallel(model)
+        shards = [torch_models.to_tensors(name, {k: v[rank::n] for k, v in b.items()})
+                  for b in train.batches(args, 4)]
+        for x, y in shards[:2]:
+            torch_models.train_step(model, opt, x, y)
+        start = time.perf_counter()
+        for i in range(steps):
+            loss = torch_models.train_step(model, opt, *shards[i % len(shards)])
+        float(loss)
+        elapsed = time.perf_counter() - start
+    finally:
+        _torch_leave(n)
     return {"examples_per_s": steps * batch / n / elapsed, "step_s": elapsed / steps}
 
 
@@ -299,17 +407,180 @@ def worker_main(argv: list[str]) -> None:
         result = worker_dgc(rank, endpoints, spec["variant"], spec["steps"], spec["batch"], spec["lr"])
     elif kind == "model":
         result = worker_model(rank, endpoints, spec["name"], spec["steps"], spec["batch"])
+    elif kind == "torch_allreduce":
+        result = worker_torch_allreduce(rank, endpoints, spec["reps"], spec["threads"])
+    elif kind == "torch_model":
+        result = worker_torch_model(rank, endpoints, spec["name"], spec["steps"], spec["batch"], spec["threads"])
     else:
         result = worker_fusion(rank, endpoints, spec["fuse_mb"], spec["steps"])
     print("RESULT " + json.dumps(result), flush=True)
+    if kind.startswith("torch_"):
+        # The figure is out. A torch worker once aborted in interpreter teardown after it ("terminate called
+        # without an active exception": a gloo thread still joinable at exit), failing a whole run.
+        sys.stderr.flush()
+        os._exit(0)
+
+
+# --- figures, the comparison table, the plot -----------------------------------------------------------------
+
+#: torch's figures from the last run of ``--vs-torch`` here, printed (marked "not measured in this run") when
+#: torch is not importable. Keys as ``figure_catalog``'s.
+RECORDED_TORCH: dict[str, Any] = {
+    "measured": "2026-11-25 on this 2-core machine by `nice -n 5 python bench/collective_bench.py --vs-torch`, "
+                "load 2.3-7.7",
+    "torch": "2.13.0+cpu",
+    "figures": {"allreduce_4MiB_n2": 1.25, "allreduce_64MiB_n2": 1.6, "allreduce_4MiB_n4": 0.87,
+                "allreduce_64MiB_n4": 1.13, "resnet_n1": 809.0, "resnet_n2": 436.0, "resnet_n4": 388.0,
+                "transformer_n1": 1286.0, "transformer_n2": 2380.0, "transformer_n4": 1222.0},
+}
+MODEL_NAMES = ("resnet", "transformer")
+ALLREDUCE_PROCS = (2, 4)
+MODEL_PROCS = (1, 2, 4)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One figure of the comparison table: Flotilla's value beside torch's (None: no torch figure), whether
+    torch's was measured in this run, and the 1-minute load average around the measurement."""
+
+    key: str
+    label: str
+    unit: str
+    flotilla: float
+    torch: float | None
+    torch_measured: bool
+    load: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        """Flotilla / torch (higher is better for every figure of the table)."""
+        if self.torch is None or not self.torch or math.isnan(self.torch) or math.isnan(self.flotilla):
+            return None
+        return self.flotilla / self.torch
+
+
+def figure_catalog(allreduce_procs: Sequence[int] = ALLREDUCE_PROCS,
+                   model_procs: Sequence[int] = MODEL_PROCS) -> list[tuple[str, str, str]]:
+    """``(key, label, unit)`` of every figure of the comparison table, in table order."""
+    out = [(f"allreduce_{mib}MiB_n{n}", f"allreduce {mib} MiB, {n} processes", "GB/s bus")
+           for n in allreduce_procs for mib in SIZES_MIB]
+    for name in MODEL_NAMES:
+        out += [(f"{name}_n{n}", f"{name}, {n} process{'es' if n > 1 else ''}", "examples/s") for n in model_procs]
+        out += [(f"{name}_scaling_n{n}", f"{name} scaling, {n} procs / 1", "x") for n in model_procs if n > 1]
+    return out
+
+
+def with_scaling(figures: dict[str, float]) -> dict[str, float]:
+    """``figures`` plus ``<model>_scaling_n<n>`` = examples/s of n processes / of 1, where both are there."""
+    out = dict(figures)
+    for name in MODEL_NAMES:
+        one = figures.get(f"{name}_n1")
+        for key, value in figures.items():
+            if key.startswith(f"{name}_n") and key != f"{name}_n1" and one:
+                out[f"{name}_scaling_n{key[len(name) + 2:]}"] = value / one
+    return out
+
+
+def comparison_rows(flotilla: dict[str, float], torch: dict[str, float], torch_measured: bool,
+                    loads: dict[str, float]) -> list[Row]:
+    """The table's rows: every catalogued figure Flotilla has (scaling derived from the examples/s), each
+    beside torch's figure of the same key when there is one. ``loads``: key -> load average (a scaling
+    row takes its n-process row's)."""
+    flotilla, torch = with_scaling(flotilla), with_scaling(torch)
+    rows = []
+    for key, label, unit in figure_catalog():
+        if key not in flotilla:
+            continue
+        load = loads.get(key.replace("_scaling", ""))
+        rows.append(Row(key, label, unit, flotilla[key], torch.get(key), torch_measured, load))
+    return rows
+
+
+def _cell(value: float | None, unit: str) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:,.0f}" if unit == "examples/s" else f"{value:.2f}"
+
+
+def format_table(rows: Sequence[Row], torch_note: str) -> str:
+    """The comparison table as text: figure, unit, Flotilla, torch, ratio, load; a torch figure not
+    measured in this run is marked ``*`` and ``torch_note`` (which says so) follows the table."""
+    header = f"   {'figure':<34} {'unit':<10} {'Flotilla':>9} {'torch':>10} {'ratio':>6} {'load':>5}"
+    lines = [header, "   " + "-" * (len(header) - 3)]
+    marked = False
+    for r in rows:
+        torch_cell = _cell(r.torch, r.unit)
+        if r.torch is not None and not r.torch_measured:
+            torch_cell, marked = torch_cell + "*", True
+        ratio = r.ratio
+        lines.append(f"   {r.label:<34} {r.unit:<10} {_cell(r.flotilla, r.unit):>9} {torch_cell:>10} "
+                     f"{'-' if ratio is None else f'{ratio:.2f}':>6} "
+                     f"{'-' if r.load is None else f'{r.load:.1f}':>5}")
+    if marked or torch_note:
+        lines.append(f"   {'* ' if marked else ''}{torch_note}")
+    return "\n".join(lines)
+
+
+def recorded_torch_note(reason: str) -> str:
+    """The line under a table whose torch column is the recorded one."""
+    return (f"torch: NOT MEASURED IN THIS RUN ({reason}); the figures recorded here before: "
+            f"{RECORDED_TORCH['measured']}, torch {RECORDED_TORCH['torch']}")
+
+
+def torch_version() -> str | None:
+    """torch's version when it is importable (the ``bench`` extra), else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.__version__)
+
+
+def fair_threads() -> int:
+    """Intra-op threads of a torch process: the CPUs this process may run on, which is what XLA's CPU
+    client sizes each Flotilla process's intra-op (Eigen) pool to; the bench starts both systems' workers
+    alike, so each process of either may use every core."""
+    return len(os.sched_getaffinity(0))
+
+
+def plot_scaling(path: str, rows: Sequence[Row]) -> str:
+    """Write examples/s against processes, Flotilla and torch DDP, one panel per model, to ``path`` (PNG);
+    returns what was done (a sentence, also when matplotlib is missing and nothing was written)."""
+    try:
+        import matplotlib
+    except ImportError:
+        return f"plot: matplotlib is not installed (pip install -e '.[bench]'); {path} not written"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_key = {r.key: r for r in rows}
+    fig, axes = plt.subplots(1, len(MODEL_NAMES), figsize=(5 * len(MODEL_NAMES), 4))
+    for ax, name in zip(axes, MODEL_NAMES):
+        points = [(n, by_key[f"{name}_n{n}"]) for n in MODEL_PROCS if f"{name}_n{n}" in by_key]
+        ax.plot([n for n, _ in points], [r.flotilla for _, r in points], "o-", label="Flotilla (nccl2, XLA)")
+        theirs = [(n, r.torch) for n, r in points if r.torch is not None]
+        if theirs:
+            measured = all(r.torch_measured for _, r in points)
+            ax.plot([n for n, _ in theirs], [v for _, v in theirs], "s--" if measured else "s:",
+                    label="torch DDP (gloo)" + ("" if measured else ", recorded, not this run"))
+        ax.set_title(f"{name} example, global batch 32")
+        ax.set_xlabel("processes (127.0.0.1, one machine)")
+        ax.set_ylabel("examples/s")
+        ax.set_xticks(list(MODEL_PROCS))
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"plot: {path}"
 
 
 # --- driver side -------------------------------------------------------------------------------------------
 
 
-def run_job(n: int, hosts: tuple[Host, ...] = (), **spec: Any) -> list[dict[str, Any]]:
+def run_job(n: int, hosts: tuple[Host, ...] = (), timeout_s: float = 900, **spec: Any) -> list[dict[str, Any]]:
     """Start ``n`` worker processes with ``spec`` (rank r on ``hosts[r]``; all on 127.0.0.1 when none are
-    given); return their results, rank order."""
+    given); return their results, rank order. A worker still running after ``timeout_s`` is killed."""
     if hosts:
         endpoints = [f"{hosts[r % len(hosts)].address}:{CROSS_HOST_PORT}" for r in range(n)]
         place = [hosts[r % len(hosts)] for r in range(n)]
@@ -318,14 +589,17 @@ def run_job(n: int, hosts: tuple[Host, ...] = (), **spec: Any) -> list[dict[str,
         place = [LOOPBACK] * n
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "TRAINING_ROLE"))}
     env.setdefault("FLAGS_collective_timeout_s", "120")
+    if str(spec.get("kind", "")).startswith("torch_"):
+        env.setdefault("OMP_WAIT_POLICY", TORCH_OMP_WAIT_POLICY)
     procs = [subprocess.Popen(place[r].command([sys.executable, __file__, "--worker",
                                                 json.dumps({**spec, "rank": r, "endpoints": endpoints})]),
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(n)]
     results = []
+    deadline = time.monotonic() + timeout_s
     try:
         for p in procs:
-            out, err = p.communicate(timeout=900)
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
             lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
             if p.returncode != 0 or not lines:
                 raise RuntimeError(f"a benchmark worker failed (exit {p.returncode}):\n{err[-3000:]}")
@@ -338,13 +612,19 @@ def run_job(n: int, hosts: tuple[Host, ...] = (), **spec: Any) -> list[dict[str,
     return results
 
 
-def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker_main(sys.argv[2:])
-        return
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The bench's options (``argv``: the command line without the program name)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions (figures not comparable)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--vs-torch", action="store_true",
+                    help="also measure torch.distributed gloo allreduce and torch DDP on the same models, "
+                         "interleaved with Flotilla's runs (torch: pip install -e '.[bench]'; without it the "
+                         "figures recorded here before are printed, marked as such)")
+    ap.add_argument("--plot", default=None, metavar="FILE.png",
+                    help="write examples/s against processes (1, 2, 4), Flotilla and torch DDP, to this PNG")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds of the allreduce figures, whose median is reported (3)")
     ap.add_argument("--hosts", type=lambda v: [h for h in v.split(",") if h], default=[],
                     help="NS1,NS2: also measure across these network namespaces (made by hand), section (d)")
     ap.add_argument("--netns", action="store_true",
@@ -352,53 +632,184 @@ def main() -> None:
     ap.add_argument("--link", default="10gbit", help="the emulated link's rate (tc syntax) for --netns (10gbit)")
     ap.add_argument("--delay", default="0.1ms", help="the emulated link's one-way delay for --netns (0.1ms; '' none)")
     ap.add_argument("--skip-loopback", action="store_true",
-                    help="skip (c) and (b)'s 1-process runs (the loopback figures (d) compares with stay)")
+                    help="skip (c) and the 1- and 4-process runs (the loopback figures (d) compares with stay)")
     ap.add_argument("--dgc", action="store_true", help="run section (e) alone: DGC against dense allreduce")
     ap.add_argument("--dgc-steps", type=int, default=300, help="steps of the --dgc loss curves (300)")
     ap.add_argument("--dgc-lr", type=float, default=0.05, help="learning rate of the --dgc runs (0.05)")
-    args = ap.parse_args()
-    if args.dgc:
-        dgc_section(args)
-        return
-    reps, steps = (3, 10) if args.quick else (10, 40)
-    report: dict[str, Any] = {"quick": args.quick, "load_before": os.getloadavg()[0]}
-    note = "  (--quick: not comparable with a full run)" if args.quick else ""
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    if args.plot is not None and not args.plot.lower().endswith(".png"):
+        ap.error(f"--plot writes a PNG: give a file name ending in .png, got {args.plot!r}")
+    return args
 
-    print(f"(a) allreduce over 2 processes, 127.0.0.1, bus bandwidth GB/s (median of {reps}){note}")
-    t = run_job(2, kind="transport", tcp_port=free_ports(1)[0], reps=reps)[1]
-    print(f"   {'size':>6} {'runtime':>8} {'bare psum':>10} {'raw TCP':>8} {'runtime/TCP':>12} {'runtime/psum':>13}")
-    for size, f in t.items():
-        bw = {k: f["bytes"] / f[f"{k}_s"] / 1e9 for k in ("runtime", "psum", "tcp")}
-        print(f"   {size:>6} {bw['runtime']:8.2f} {bw['psum']:10.2f} {bw['tcp']:8.2f} "
-              f"{bw['runtime'] / bw['tcp']:12.2f} {bw['runtime'] / bw['psum']:13.2f}")
-        report[f"allreduce_{size}"] = bw
-    print("   reference, not measured here: torch gloo ~1.65 GB/s bus bandwidth for 64 MiB on this machine kind")
 
-    print(f"(b) examples/s (global batch 32 split over the trainers, {steps} steps after warm-up){note}")
-    print(f"   {'model':>12} {'1 process':>10} {'2 processes':>12} {'scaling':>8}")
-    per_trainer: dict[str, float] = {}
-    for name in ("resnet", "transformer"):
-        one = float("nan") if args.skip_loopback else \
-            run_job(1, kind="model", name=name, steps=steps, batch=32)[0]["examples_per_s"]
-        twos = [r["examples_per_s"] for r in run_job(2, kind="model", name=name, steps=steps, batch=32)]
-        two = sum(twos)
-        per_trainer[name] = two / 2
-        print(f"   {name:>12} {one:10.0f} {two:12.0f} {two / one:8.2f}")
-        report[f"{name}_examples_per_s"] = {"one": one, "two": two, "scaling": two / one}
-    print("   (2 processes share the 2 cores that 1 process had: about 1.0 is the ceiling here)")
-    if args.skip_loopback:
-        cross_host(args, reps, steps, t, per_trainer, report, note)
-        finish(args, report)
-        return
+def bus_bandwidth(nbytes: int, seconds: float, n: int) -> float:
+    """GB/s of bus bandwidth of an ``n``-rank allreduce of ``nbytes`` taking ``seconds``: the bytes each
+    rank sends (and receives) in a ring, ``nbytes * 2(n-1)/n``, over the time (nccl-tests' definition)."""
+    return nbytes * 2 * (n - 1) / n / seconds / 1e9
 
-    print(f"(c) 120 small gradients (60 fc layers of 16), 2 processes, step time ms{note}")
+
+class Loads:
+    """The 1-minute load average sampled after each job, per figure key; ``of(key)`` is their median."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {}
+
+    def sample(self, *keys: str) -> float:
+        load = os.getloadavg()[0]
+        for key in keys:
+            self.samples.setdefault(key, []).append(load)
+        return load
+
+    def medians(self) -> dict[str, float]:
+        return {k: statistics.median(v) for k, v in self.samples.items()}
+
+
+def allreduce_section(args: argparse.Namespace, reps: int, procs: Sequence[int], threads: int, use_torch: bool,
+                      loads: Loads, report: dict[str, Any], note: str) -> tuple[dict[str, float], dict[str, float],
+                                                                                 dict[str, Any]]:
+    """Section (a): ``args.rounds`` interleaved rounds (per process count: Flotilla, then torch); returns
+    (Flotilla's median bus bandwidths, torch's, the 2-process medians per size for section (d))."""
+    print(f"(a) allreduce, 127.0.0.1, bus bandwidth GB/s = bytes*2(n-1)/n / time (slowest rank's median of "
+          f"{reps}; medians of {args.rounds} rounds, Flotilla and torch interleaved){note}", flush=True)
+    bw: dict[str, dict[str, list[float]]] = {}  # figure key -> path -> one value a round
+    for rnd in range(args.rounds):
+        for n in procs:
+            ranks = run_job(n, kind="transport", tcp_port=free_ports(1)[0], reps=reps)
+            keys = [f"allreduce_{size}_n{n}" for size in ranks[0]]
+            line = f"   round {rnd + 1} n={n}: Flotilla"
+            for size, key in zip(ranks[0], keys):
+                f = ranks[0][size]
+                for path in ("runtime", "psum"):
+                    s = max(r[size][f"{path}_s"] for r in ranks)
+                    bw.setdefault(key, {}).setdefault(path, []).append(bus_bandwidth(f["bytes"], s, n))
+                if n == 2:
+                    bw[key].setdefault("tcp", []).append(f["bytes"] / ranks[1][size]["tcp_s"] / 1e9)
+                line += f" {size} {bw[key]['runtime'][-1]:.2f}"
+            load = loads.sample(*keys)
+            if use_torch:
+                theirs = run_job(n, kind="torch_allreduce", reps=reps, threads=threads)
+                line += "; torch"
+                for size, key in zip(theirs[0], keys):
+                    s = max(r[size]["torch_s"] for r in theirs)
+                    bw[key].setdefault("torch", []).append(bus_bandwidth(theirs[0][size]["bytes"], s, n))
+                    line += f" {size} {bw[key]['torch'][-1]:.2f}"
+                load = loads.sample(*keys)
+            print(f"{line}  (load {load:.1f})", flush=True)
+    medians = {key: {path: statistics.median(vals) for path, vals in paths.items()} for key, paths in bw.items()}
+    print(f"   {'procs':>5} {'size':>6} {'runtime':>8} {'bare psum':>10} {'raw TCP':>8} {'torch gloo':>11} "
+          f"{'runtime/psum':>13} {'runtime/TCP':>12}")
+    for key, m in medians.items():
+        size, n = key.split("_")[1], key.rsplit("_n", 1)[1]
+        tcp = m.get("tcp")
+        per_tcp = "-" if tcp is None else f"{m['runtime'] / tcp:.2f}"
+        print(f"   {n:>5} {size:>6} {m['runtime']:8.2f} {m['psum']:10.2f} {_cell(tcp, ''):>8} "
+              f"{_cell(m.get('torch'), ''):>11} {m['runtime'] / m['psum']:13.2f} {per_tcp:>12}")
+    report["allreduce"] = {key: {"rounds": paths, "median": medians[key]} for key, paths in bw.items()}
+    for size in (f"{mib}MiB" for mib in SIZES_MIB):  # the 2-process figures under their former keys
+        if f"allreduce_{size}_n2" in medians:
+            report[f"allreduce_{size}"] = medians[f"allreduce_{size}_n2"]
+    loop2 = {f"{mib}MiB": medians[f"allreduce_{mib}MiB_n2"] for mib in SIZES_MIB if f"allreduce_{mib}MiB_n2" in medians}
+    return ({k: m["runtime"] for k, m in medians.items()},
+            {k: m["torch"] for k, m in medians.items() if "torch" in m}, loop2)
+
+
+def models_section(args: argparse.Namespace, steps: int, procs: Sequence[int], threads: int, use_torch: bool,
+                   loads: Loads, report: dict[str, Any], note: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Section (b): examples/s of each example at each process count, Flotilla then torch DDP; returns
+    (Flotilla's figures, torch's), keyed ``<model>_n<procs>`` (whole job: the sum over its processes)."""
+    print(f"(b) examples/s, global batch 32 split over the processes, {steps} steps after 2 warm-up steps"
+          + (f"; torch DDP (gloo; 1 process: the bare model), {threads} intra-op threads a process" if use_torch
+             else "") + note, flush=True)
+    ours: dict[str, float] = {}
+    theirs: dict[str, float] = {}
+    for name in MODEL_NAMES:
+        for n in procs:
+            key = f"{name}_n{n}"
+            ours[key] = sum(r["examples_per_s"] for r in run_job(n, kind="model", name=name, steps=steps, batch=32))
+            line = f"   {name:>12} n={n}: Flotilla {ours[key]:7.0f}"
+            load = loads.sample(key)
+            if use_torch:
+                theirs[key] = sum(r["examples_per_s"] for r in run_job(n, kind="torch_model", name=name, steps=steps,
+                                                                       batch=32, threads=threads))
+                line += f"  torch {theirs[key]:7.0f}"
+                load = loads.sample(key)
+            print(f"{line}  (load {load:.1f})", flush=True)
+        flo = with_scaling({k: v for k, v in ours.items() if k.startswith(name + "_")})
+        report[f"{name}_examples_per_s"] = {
+            **{f"n{n}": ours.get(f"{name}_n{n}", float("nan")) for n in procs},
+            **{f"scaling_n{n}": flo.get(f"{name}_scaling_n{n}", float("nan")) for n in procs if n > 1}}
+    print("   (all processes share the machine's cores: the n-process job has the cores the 1 process had alone, "
+          "so a scaling near 1 is the ceiling here, not n)")
+    return ours, theirs
+
+
+def fusion_section(steps: int, report: dict[str, Any], note: str) -> None:
+    """Section (c): fused against unfused gradient allreduce, 2 processes."""
+    print(f"(c) 120 small gradients (60 fc layers of 16), 2 processes, step time ms{note}", flush=True)
     fused = run_job(2, kind="fusion", fuse_mb=32.0, steps=steps)[0]
     unfused = run_job(2, kind="fusion", fuse_mb=0.0, steps=steps)[0]
     print(f"   fused ({fused['collectives']} collective): {fused['step_s'] * 1e3:.2f}   unfused "
           f"({unfused['collectives']} collectives): {unfused['step_s'] * 1e3:.2f}   unfused/fused "
           f"{unfused['step_s'] / fused['step_s']:.2f}")
     report["fusion"] = {"fused_s": fused["step_s"], "unfused_s": unfused["step_s"]}
-    cross_host(args, reps, steps, t, per_trainer, report, note)
+
+
+def comparison_section(args: argparse.Namespace, version: str | None, threads: int, ours: dict[str, float],
+                       theirs: dict[str, float], loads: Loads, report: dict[str, Any], note: str) -> list[Row]:
+    """The table a person reads: every Flotilla figure beside torch's, measured in this run under
+    ``--vs-torch`` with torch importable, else the recorded figures, marked."""
+    measured = args.vs_torch and version is not None
+    if measured:
+        torch_figs, torch_note = theirs, ""
+        title = f"torch {version}, {threads} intra-op threads a process, measured in this run"
+    else:
+        torch_figs = RECORDED_TORCH["figures"]
+        torch_note = recorded_torch_note("torch is not installed: pip install -e '.[bench]'" if args.vs_torch
+                                         else "--vs-torch not given")
+        title = "torch: recorded figures, NOT measured in this run"
+    rows = comparison_rows(ours, torch_figs, measured, loads.medians())
+    print(f"Flotilla against PyTorch ({title}; ratio = Flotilla / torch, higher is better; load = 1-min load "
+          f"average around the runs){note}")
+    print(format_table(rows, torch_note))
+    report["vs_torch"] = {"torch": version if measured else RECORDED_TORCH["torch"], "measured_in_this_run": measured,
+                          "threads": threads, "rows": [{**dataclasses.asdict(r), "ratio": r.ratio} for r in rows]}
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--worker"]:
+        worker_main(argv[1:])
+        return
+    args = parse_args(argv)
+    if args.dgc:
+        dgc_section(args)
+        return
+    reps, steps = (3, 10) if args.quick else (10, 40)
+    report: dict[str, Any] = {"quick": args.quick, "load_before": os.getloadavg()[0]}
+    note = "  (--quick: not comparable with a full run)" if args.quick else ""
+    version = torch_version() if args.vs_torch else None
+    use_torch = version is not None
+    threads = fair_threads()
+    if args.vs_torch and not use_torch:
+        print("--vs-torch: torch is not importable here (pip install -e '.[bench]'): torch's figures below are "
+              "the ones recorded before, NOT measured in this run")
+    loads = Loads()
+    procs_ar = (2,) if args.skip_loopback else ALLREDUCE_PROCS
+    procs_models = (2,) if args.skip_loopback else MODEL_PROCS
+    ours, theirs, loop2 = allreduce_section(args, reps, procs_ar, threads, use_torch, loads, report, note)
+    ours_m, theirs_m = models_section(args, steps, procs_models, threads, use_torch, loads, report, note)
+    ours.update(ours_m)
+    theirs.update(theirs_m)
+    if not args.skip_loopback:
+        fusion_section(steps, report, note)
+    per_trainer = {name: ours[f"{name}_n2"] / 2 for name in MODEL_NAMES}
+    cross_host(args, reps, steps, loop2, per_trainer, report, note)
+    rows = comparison_section(args, version, threads, ours, theirs, loads, report, note)
+    if args.plot:
+        print(plot_scaling(args.plot, rows))
     finish(args, report)
 
 
@@ -437,7 +848,7 @@ def finish(args: argparse.Namespace, report: dict[str, Any]) -> None:
         pathlib.Path(args.json).write_text(json.dumps(report, indent=2))
 
 
-def cross_host(args: argparse.Namespace, reps: int, steps: int, loop_transport: dict[str, Any],
+def cross_host(args: argparse.Namespace, reps: int, steps: int, loop_transport: dict[str, dict[str, float]],
                loop_per_trainer: dict[str, float], report: dict[str, Any], note: str) -> None:
     """Section (d): (a)'s bandwidths and (b)'s 2-process examples/s per trainer across hosts."""
     if not (args.hosts or args.netns):
@@ -459,7 +870,7 @@ def cross_host(args: argparse.Namespace, reps: int, steps: int, loop_transport: 
               f"{bw['64MiB']['tcp']:10.2f} {cells} {load:5.2f}", flush=True)
         rows[label] = {"allreduce": bw, "per_trainer_examples_per_s": models, "load_1min": load}
 
-    loop_bw = {size: {k: f["bytes"] / f[f"{k}_s"] / 1e9 for k in ("runtime", "tcp")} for size, f in loop_transport.items()}
+    loop_bw = loop_transport
     cells = " ".join(f"{loop_per_trainer[n]:7.1f} ({1.0:4.2f})" for n in ("resnet", "transformer"))
     print(f"   {'127.0.0.1 (a, b)':<22} {loop_bw['4MiB']['runtime']:8.2f} {loop_bw['4MiB']['tcp']:9.2f} "
           f"{loop_bw['64MiB']['runtime']:9.2f} {loop_bw['64MiB']['tcp']:10.2f} {cells} {os.getloadavg()[0]:5.2f}")
