@@ -50,7 +50,7 @@ from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 from passes.dist_plan import DistPlan, TablePlan
-from passes.optimizer_ops import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_ops
+from passes.optimizer_ops import ACCUMULATOR_SLOTS, is_optimizer_op, param_optimize_ops
 from passes.pass_base import Pass, PassContext
 from passes.rpc_builders import control_var, last_writers, rpc_attrs, table_lookups
 
@@ -59,7 +59,7 @@ CHECKPOINT_PATH = "none"  # Fluid's kLookupTablePath placeholder: checkpoint_not
 
 def table_ops(ctx: PassContext, table: TablePlan) -> list[Operator]:
     """The table's optimize ops in the input program (the optimizer, then e.g. Adam's beta-pow scales)."""
-    return [op for op in optimize_ops(ctx.origin_main) if op.role_var[:1] == [table.table]]
+    return param_optimize_ops(ctx.origin_main, table.table)
 
 
 def sharded_accumulators(ops: list[Operator]) -> list[str]:
