@@ -1194,7 +1194,11 @@ def cross_program_problems(program_set: ProgramSet) -> list[Problem]:
       no overlap, dims 1.. and dtype as the trainer declares the variable, indices in row order.
       Distributed lookup tables are sharded by id, not by rows, and are not tiled;
     - every dense block that travels (sent, fetched, held as a slice or a received gradient) fits
-      ``MAX_MESSAGE_BYTES``.
+      ``MAX_MESSAGE_BYTES``;
+    - hybrid jobs (a trainer whose startup program has ``gen_nccl_id``, in a set with pservers): every
+      trainable parameter the trainer updates itself has its gradient (``op_role_var``) allreduced by a
+      ``c_allreduce_sum`` after its last other writer and scaled by 1/nranks before the update (V541), and
+      every table the trainer prefetches has its gradient sent to each endpoint it prefetches from (V542).
     """
     return [p for _, _, p in _cross_located(program_set)]
 
