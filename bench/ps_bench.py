@@ -300,8 +300,13 @@ def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathli
                 eps = [f"{placement.host(i).address}:{CROSS_HOST_PORT + i}" for i in range(job.pservers)]
             else:
                 eps = [f"127.0.0.1:{free_ports(1)[0]}" for _ in range(job.pservers)]
-            mode = "async" if job.mode.startswith("geo") else job.mode
+            mode = "async" if job.mode.startswith("geo") else job.mode.removeprefix("hybrid-")
             dist = ["--endpoints", ",".join(eps), "--trainers", str(job.trainers), "--mode", mode]
+            if job.mode.startswith("hybrid-"):  # the trainers' allreduce group (loopback only)
+                if job.paddle or placement.label:
+                    raise BenchError(f"job {job.name!r}: hybrid jobs run on this machine's loopback, with Flotilla "
+                                     "only", hint="leave hybrid jobs out of --vs-paddle, --hosts and --netns runs")
+                dist += ["--trainer-endpoints", ",".join(f"127.0.0.1:{p}" for p in free_ports(job.trainers))]
             if job.mode.startswith("geo"):
                 dist += ["--geo-k", job.mode[3:]]
             how: dict[str, Any] = {"python": job.paddle, "worker": PADDLE_WORKER} if job.paddle else {}
@@ -584,11 +589,13 @@ def warmup_steps(job: Job, warmup: int) -> int:
 
 
 def parse_job(text: str) -> Job:
-    """``PxT-sync``, ``PxT-async`` or ``PxT-geoK`` (async Geo-SGD, dense parameters synced every K steps)."""
+    """``PxT-sync``, ``PxT-async``, ``PxT-geoK`` (async Geo-SGD, dense parameters synced every K steps) or
+    ``PxT-hybrid-sync``/``PxT-hybrid-async`` (dense gradients allreduced among the trainers, the table on the
+    pservers; loopback only)."""
     shape, _, mode = text.partition("-")
     p, _, t = shape.partition("x")
     geo = mode.startswith("geo") and mode[3:].isdigit() and int(mode[3:]) >= 1
-    if not (mode in ("sync", "async") or geo) or not p.isdigit() or not t.isdigit() or int(p) < 1 or int(t) < 1:
+    if not (mode in ("sync", "async", "hybrid-sync", "hybrid-async") or geo) or not p.isdigit() or not t.isdigit() or int(p) < 1 or int(t) < 1:
         raise BenchError(f"job {text!r} is not of the form PxT-mode", hint="e.g. 1x2-async, 2x2-sync or 1x2-geo10")
     return Job(f"{p}x{t} {mode}", int(p), int(t), mode)
 

@@ -96,12 +96,15 @@ def build_ctr(table_rows: int, is_distributed: bool) -> CTRJob:
 
 
 def transpile(program: Program, startup: Program, trainer_id: int, endpoints: str, trainers: int, sync: bool,
-              slice_vars: bool = True, geo_k: int = 0) -> DistributeTranspiler:
-    """Transpile for the pservers; ``geo_k`` > 0: async Geo-SGD, dense parameters synced every ``geo_k`` steps."""
+              slice_vars: bool = True, geo_k: int = 0, trainer_endpoints: str = "") -> DistributeTranspiler:
+    """Transpile for the pservers; ``geo_k`` > 0: async Geo-SGD, dense parameters synced every ``geo_k`` steps;
+    ``trainer_endpoints``: hybrid mode (dense gradients allreduced among these trainers, the table on the
+    pservers)."""
     geo = {"geo_sgd_mode": True, "geo_sgd_need_push_nums": geo_k} if geo_k else {}
-    t = DistributeTranspiler(DistributeTranspilerConfig(slice_var_up=slice_vars, **geo))
-    t.transpile(trainer_id, program=program, startup_program=startup, pservers=endpoints, trainers=trainers,
-                sync_mode=sync)
+    hybrid = {"mode": "hybrid"} if trainer_endpoints else {}
+    t = DistributeTranspiler(DistributeTranspilerConfig(slice_var_up=slice_vars, **geo, **hybrid))
+    t.transpile(trainer_id, program=program, startup_program=startup, pservers=endpoints,
+                trainers=trainer_endpoints or trainers, sync_mode=sync)
     return t
 
 
@@ -189,7 +192,8 @@ def run_transport_pserver(args: argparse.Namespace) -> None:
 
 def run_pserver(args: argparse.Namespace) -> None:
     job = build_ctr(args.table_rows, is_distributed=True)
-    t = transpile(job.main, job.startup, 0, args.endpoints, args.trainers, args.mode == "sync", geo_k=args.geo_k)
+    t = transpile(job.main, job.startup, 0, args.endpoints, args.trainers, args.mode == "sync", geo_k=args.geo_k,
+                  trainer_endpoints=args.trainer_endpoints)
     run_program_pserver(job.main, job.startup, t, args.endpoint)
 
 
@@ -248,7 +252,7 @@ def _train(args: argparse.Namespace, distributed: bool) -> dict[str, Any]:
     trainer_id = args.trainer_id if distributed else 0
     if distributed:
         t = transpile(job.main, job.startup, trainer_id, args.endpoints, args.trainers, args.mode == "sync",
-                      geo_k=args.geo_k)
+                      geo_k=args.geo_k, trainer_endpoints=args.trainer_endpoints)
         main, startup = t.get_trainer_program(), t.get_trainer_startup_program()
     else:
         main, startup = job.main, job.startup
@@ -309,6 +313,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trainer-id", type=int, default=0)
     ap.add_argument("--mode", choices=("sync", "async"), default="sync")
     ap.add_argument("--geo-k", type=int, default=0, help="async Geo-SGD: sync dense parameters every K steps")
+    ap.add_argument("--trainer-endpoints", default="",
+                    help="hybrid mode: every trainer's endpoint (the dense gradients' allreduce group)")
     ap.add_argument("--table-rows", type=int, default=1_000_000)
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--warmup", type=int, default=3)

@@ -18,7 +18,9 @@ installed, ``pyproject.toml``'s). Subcommands (each one a ``Command`` in ``COMMA
   [--geo-sgd K]] [--split-method round_robin|hash_name] [--min-block-size N] [--no-slice] -o DIR``, or in
   the collective modes ``flotilla transpile MAIN --startup STARTUP --mode nccl2|collective --trainers EP,EP
   [--collective-mode grad_allreduce|local_sgd] [--fuse-grad-size-mb M] [--local-sgd-steps K] -o DIR``
-  (``--trainers`` then lists every trainer's endpoint, as Fluid's nccl2 mode takes it): writes every role's
+  (``--trainers`` then lists every trainer's endpoint, as Fluid's nccl2 mode takes it), or ``--mode hybrid``
+  with both ``--pservers EP,EP`` and ``--trainers EP,EP`` (dense gradients allreduced among the trainers,
+  the distributed lookup table on the pservers; ``--async`` applies to the table): writes every role's
   main and startup programs as ``ROLE.main.pb``/``.txt`` and ``ROLE.startup.pb``/``.txt`` into DIR (the
   role made filesystem-safe: ``pserver@127.0.0.1:6174`` → ``pserver@127.0.0.1_6174``); without
   ``--trainer-id`` every trainer's programs are written
@@ -342,10 +344,12 @@ def _configure_transpile_inputs(p: argparse.ArgumentParser) -> None:
                    help="comma-separated pserver endpoints host:port (pserver mode)")
     p.add_argument("--trainers", required=True, metavar="N|EP,EP",
                    help="number of trainers (pserver mode), or every trainer's endpoint (nccl2/collective)")
-    p.add_argument("--mode", choices=("pserver", "nccl2", "collective"), default="pserver",
+    p.add_argument("--mode", choices=("pserver", "nccl2", "collective", "hybrid"), default="pserver",
                    help="pserver: parameter servers (default, needs --pservers); nccl2: Fluid's nccl2 mode, "
                         "the trainers average their gradients by allreduce (no pservers; --trainers lists every "
-                        "trainer's endpoint); collective: the same rewrite under Fluid 1.6's name")
+                        "trainer's endpoint); collective: the same rewrite under Fluid 1.6's name; hybrid: dense "
+                        "gradients by allreduce, the distributed lookup table on the pservers (needs --pservers "
+                        "and every trainer's endpoint in --trainers)")
     p.add_argument("--collective-mode", choices=("grad_allreduce", "local_sgd"), default="grad_allreduce",
                    dest="collective_mode", help="collective modes: average gradients, or parameters every K steps")
     p.add_argument("--fuse-grad-size-mb", type=float, default=32.0, metavar="M", dest="fuse_grad_size_mb",
@@ -439,6 +443,9 @@ def _check_trainer_id(args: argparse.Namespace) -> None:
                              hint="e.g. --trainers 2 (endpoints are for --mode nccl2)")
         args.trainers = args.trainer_arg = int(text)
     else:
+        if args.mode == "hybrid" and args.pservers is None:
+            raise UsageError("--pservers is required in hybrid mode (they hold the distributed lookup table)",
+                             hint="give --pservers EP,EP and every trainer's endpoint in --trainers EP,EP")
         if text.isdigit():
             raise UsageError(f"--trainers {text}: --mode {args.mode} needs every trainer's endpoint",
                              hint="e.g. --trainers 127.0.0.1:6170,127.0.0.1:6171")
@@ -491,7 +498,11 @@ def _run_transpile(args: argparse.Namespace) -> int:
     except OSError as e:
         raise UsageError(f"cannot write into {out_dir}: {e.strerror or e}") from None
     plan = result.plan
-    if args.mode != "pserver":
+    if args.mode == "hybrid":
+        head = (f"transpiled {args.main}: hybrid, {len(plan.pservers)} pserver(s) holding the distributed table "
+                f"({'sync' if plan.sync_mode else 'async'}), {plan.trainers} trainer(s) allreducing the dense "
+                f"gradients in buckets of {args.fuse_grad_size_mb:g} MiB")
+    elif args.mode != "pserver":
         head = (f"transpiled {args.main}: {args.mode} ({args.collective_mode}), {plan.trainers} trainer(s), "
                 f"gradient buckets of {args.fuse_grad_size_mb:g} MiB")
     else:

@@ -23,6 +23,10 @@ sets them). Invariants:
   pservers) gets the programs of an nccl2 transpile: its startup program joins the trainer group and
   takes trainer 0's parameters, its main program averages the gradients over the trainers; ``shard``
   deals the batches as for a parameter-server trainer.
+- A hybrid job (``--hybrid``, a config with ``mode="hybrid"``, under ``flotilla launch --server_num N
+  --worker_num M``, which sets both the pserver and the trainer endpoints): every process transpiles in
+  hybrid mode with the trainer endpoints, so the trainers allreduce the dense gradients among themselves
+  and the distributed lookup table lives on the pservers.
 - A pserver transpiles, runs its startup program, serves its program until every trainer has sent
   Complete, and returns a job with ``is_pserver`` set; it never touches the script's data.
 - A trainer gets the transpiled trainer programs; ``shard`` gives it the items whose index is
@@ -43,6 +47,7 @@ import runtime
 from ir.roles import OpRole
 from runtime.role import Role, role_from_env
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
+from transpiler.config import TranspilerError
 
 T = TypeVar("T")
 
@@ -118,8 +123,17 @@ def distribute(main: ir.Program, startup: ir.Program, *, sync_mode: bool = True,
     if not role.is_distributed:
         return Distributed(role, main, startup)
     t = DistributeTranspiler(config)
+    trainers: int | str = role.trainers
+    own_endpoint = None
+    if config is not None and config.is_hybrid:
+        if not role.trainer_endpoints:
+            raise TranspilerError("hybrid mode needs every trainer's endpoint, but PADDLE_TRAINER_ENDPOINTS is "
+                                  "not set", hint="start the job with 'flotilla launch --server_num N "
+                                                  "--worker_num M', which sets it", code="E702")
+        trainers = ",".join(role.trainer_endpoints)
+        own_endpoint = role.current_endpoint if role.is_trainer else None
     t.transpile(role.trainer_id, program=main, startup_program=startup, pservers=role.pservers,
-                trainers=role.trainers, sync_mode=sync_mode)
+                trainers=trainers, sync_mode=sync_mode, current_endpoint=own_endpoint)
     if role.is_trainer:
         return Distributed(role, t.get_trainer_program(), t.get_trainer_startup_program())
     program, pserver_startup = t.get_pserver_programs(role.current_endpoint)
@@ -132,8 +146,8 @@ def distribute(main: ir.Program, startup: ir.Program, *, sync_mode: bool = True,
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--sync`` (the default) / ``--async`` (dest ``async_mode``), ``--no-slice`` (dest
-    ``slice_var_up``) and ``--geo-sgd K`` (dest ``geo_sgd``) to ``parser``; they only matter in a
-    distributed job."""
+    ``slice_var_up``), ``--hybrid`` and ``--geo-sgd K`` (dest ``geo_sgd``) to ``parser``; they only matter in
+    a distributed job."""
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--sync", dest="async_mode", action="store_false", default=False,
                       help="distributed: synchronous training, a barrier a step (the default)")
@@ -142,6 +156,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-slice", dest="slice_var_up", action="store_false",
                         help="distributed: place each parameter whole on one pserver instead of slicing the "
                              "large ones over all pservers")
+    parser.add_argument("--hybrid", action="store_true",
+                        help="distributed: allreduce the dense gradients among the trainers and keep only the "
+                             "distributed lookup table on the pservers")
     parser.add_argument("--geo-sgd", dest="geo_sgd", type=int, default=None, metavar="K",
                         help="distributed, with --async: Geo-SGD, each trainer optimizes locally (a distributed "
                              "table too) and syncs its parameters' change every K steps")
@@ -152,7 +169,8 @@ def distribute_from_args(main: ir.Program, startup: ir.Program, args: argparse.N
     """``distribute`` with the options ``add_arguments`` parsed into ``args``."""
     geo = getattr(args, "geo_sgd", None)
     config = DistributeTranspilerConfig(slice_var_up=args.slice_var_up, geo_sgd_mode=geo is not None,
-                                        geo_sgd_need_push_nums=100 if geo is None else geo)
+                                        geo_sgd_need_push_nums=100 if geo is None else geo,
+                                        mode="hybrid" if getattr(args, "hybrid", False) else "pserver")
     return distribute(main, startup, sync_mode=not args.async_mode, config=config, role=role)
 
 

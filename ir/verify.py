@@ -23,6 +23,10 @@ Checks, each with its own stable ``code`` (see ``Code``):
   its ``epmap``; every trainable parameter
   the trainers exchange is optimized on exactly one pserver per slice; the slices of every variable
   the pservers hold tile it exactly once; every dense block on the wire fits ``MAX_MESSAGE_BYTES``.
+  In a hybrid job (a trainer whose startup program joins a collective group, ``gen_nccl_id``, in a set
+  with pservers): every dense gradient the trainer applies itself is allreduced (``c_allreduce_sum`` after
+  its last other writer, then ``scale`` 1/nranks) before its optimizer reads it, and the gradient of
+  every table the trainer prefetches is sent to every pserver it prefetches from.
   These checks read the recorded relations (``slice_of``/``slice_index``/``slice_offset``,
   ``copy_of``, op attributes), never variable names.
 
@@ -85,6 +89,8 @@ class Code:
     SLICE_SHAPE = "V523"
     SLICE_INDEX = "V524"
     MESSAGE_TOO_LARGE = "V531"
+    DENSE_GRAD_NOT_REDUCED = "V541"
+    TABLE_GRAD_NOT_SENT = "V542"
 
 
 @dataclass(frozen=True)
@@ -1075,6 +1081,61 @@ class _SetChecker:
                       "use more pservers or keep slicing on (slice_var_up=True) so that every block fits one "
                       "message", block=block, op=op, var=var.name if op is None else None)
 
+    # --- hybrid jobs: dense gradients allreduced, table gradients sent
+    def check_hybrid(self) -> None:
+        if not self.pservers:
+            return
+        for role, main, startup in self.trainers:
+            if any(op.type == "gen_nccl_id" for op in startup.global_block().ops):
+                block = main.global_block()
+                self._check_dense_reduced(role, main, block)
+                self._check_table_grads_sent(role, main, block)
+
+    def _check_dense_reduced(self, role: str, main: Program, block: Block) -> None:
+        """Every trainable parameter an optimizer op of ``block`` updates (its gradient named by the op's
+        ``op_role_var``) has its gradient summed by a ``c_allreduce_sum`` placed after every other op that
+        writes it, then scaled by 1/nranks, before that optimizer op. (``dgc_momentum`` exchanges its
+        gradient itself.)"""
+        ops = block.ops
+        for i, op in enumerate(ops):
+            op_def = find_op_def(op.type)
+            if op_def is None or not op_def.has_trait("optimizer") or op_def.has_trait("collective"):
+                continue
+            rv = op.role_var
+            param, grad = (rv[0], rv[1]) if len(rv) >= 2 else ((op.input("Param") or [""])[0],
+                                                                (op.input("Grad") or [""])[0])
+            var = block.find_var_recursive(param)
+            if not isinstance(var, Parameter) or not var.trainable or not grad:
+                continue
+            problem = _reduction_problem(ops[:i], grad)
+            if problem is not None:
+                self._add(main, role, Code.DENSE_GRAD_NOT_REDUCED, f"block {block.idx}/op {i} ({op.type})",
+                          f"gradient {grad!r} of {param!r} {problem}",
+                          f"a c_allreduce_sum of {grad!r} after its last writer, then scale 1/nranks, before "
+                          "the optimizer reads it (every trainer of a hybrid job applies the same mean gradient)",
+                          "transpile with config.mode = 'hybrid' (grad_allreduce reduces every dense gradient); "
+                          "a parameter updated without it drifts apart on each trainer", block=block.idx, op=i)
+
+    def _check_table_grads_sent(self, role: str, main: Program, block: Block) -> None:
+        """Every table ``block`` prefetches has its gradient sent (a ``send`` whose ``op_role_var`` names the
+        table) to each endpoint it prefetches from."""
+        sent_to: dict[str, set[str]] = {}
+        for op in block.ops:
+            if op.type == "send" and op.role_var:
+                sent_to.setdefault(op.role_var[0], set()).update(op.attrs.get("epmap") or [])
+        for i, op in enumerate(block.ops):
+            if op.type != "prefetch":
+                continue
+            for table in dict.fromkeys(op.attrs.get("table_names") or []):
+                missing = [ep for ep in dict.fromkeys(op.attrs.get("epmap") or []) if ep not in sent_to.get(table, ())]
+                if missing:
+                    self._add(main, role, Code.TABLE_GRAD_NOT_SENT, f"block {block.idx}/op {i} (prefetch)",
+                              f"table {table!r} prefetched from {_listing(missing)}, but no send carries its "
+                              "gradient there", f"a send (op_role_var naming {table!r}) of the gradient's shard "
+                              "to every pserver the table is prefetched from",
+                              "the distributed_table pass sends each shard of the table's gradient to its "
+                              "pserver; without it the table never trains", block=block.idx, op=i)
+
     def run(self) -> list[tuple[Program, str | None, Problem]]:
         self.params, self.tables = self._distributed_params()
         self.scan_pservers()
@@ -1082,7 +1143,36 @@ class _SetChecker:
         self.check_params()
         self.check_tiling()
         self.check_message_sizes()
+        self.check_hybrid()
         return self.located
+
+
+def _reduction_problem(before: Sequence[Operator], grad: str) -> str | None:
+    """What is wrong with how ``grad`` is reduced by the ops ``before`` its optimizer, in words; None if it
+    is allreduced after its last other writer and then scaled by 1/nranks."""
+    reduce_at, nranks = -1, 0
+    for k, op in enumerate(before):
+        if op.type == "c_allreduce_sum" and grad in op.input("X"):
+            reduce_at, nranks = k, int(op.attrs.get("nranks", 0) or 0)
+    if reduce_at < 0:
+        return "is never allreduced among the trainers"
+    averaged = False
+    for k, op in enumerate(before):
+        if grad not in op.output_arg_names or k == reduce_at:
+            continue
+        in_place_scale = op.type == "scale" and op.input("X") == [grad]
+        if k < reduce_at and not in_place_scale:
+            continue
+        if k > reduce_at and in_place_scale:
+            factor = float(op.attrs.get("scale", 1.0))
+            averaged = averaged or (nranks > 0 and abs(factor * nranks - 1.0) < 1e-9)
+            continue
+        if k > reduce_at:
+            return f"is written by op {k} ({op.type}) after its c_allreduce_sum (op {reduce_at})"
+    if not averaged:
+        return (f"is summed by its c_allreduce_sum (op {reduce_at}) but never scaled by 1/{nranks or 'nranks'}: "
+                "the update would apply the sum of the trainers' gradients")
+    return None
 
 
 def _cross_located(program_set: ProgramSet) -> list[tuple[Program, str | None, Problem]]:
@@ -1104,7 +1194,11 @@ def cross_program_problems(program_set: ProgramSet) -> list[Problem]:
       no overlap, dims 1.. and dtype as the trainer declares the variable, indices in row order.
       Distributed lookup tables are sharded by id, not by rows, and are not tiled;
     - every dense block that travels (sent, fetched, held as a slice or a received gradient) fits
-      ``MAX_MESSAGE_BYTES``.
+      ``MAX_MESSAGE_BYTES``;
+    - hybrid jobs (a trainer whose startup program has ``gen_nccl_id``, in a set with pservers): every
+      trainable parameter the trainer updates itself has its gradient (``op_role_var``) allreduced by a
+      ``c_allreduce_sum`` after its last other writer and scaled by 1/nranks before the update (V541), and
+      every table the trainer prefetches has its gradient sent to each endpoint it prefetches from (V542).
     """
     return [p for _, _, p in _cross_located(program_set)]
 

@@ -1,7 +1,8 @@
 """Program → Program rewrites (one pass a module) and the pass manager.
 
 ``default_pipeline()`` is the parameter-server pipeline the DistributeTranspiler runs;
-``collective_pipeline(kind)`` the nccl2/collective one.
+``collective_pipeline(kind)`` the nccl2/collective one; ``hybrid_pipeline()`` composes the two for hybrid
+mode (the distributed table through the pserver passes, the dense gradients through the collective ones).
 """
 from __future__ import annotations
 
@@ -35,8 +36,18 @@ def collective_pipeline(kind: str = GRAD_ALLREDUCE) -> list[Pass]:
     return [CollectiveStartup(), GradAllReduce() if kind == GRAD_ALLREDUCE else LocalSGD()]
 
 
+def hybrid_pipeline() -> list[Pass]:
+    """Hybrid mode: the pserver pipeline over a plan marked ``hybrid`` (it moves only the distributed table
+    to the pservers), then the collective pipeline over what stays on the trainer (the dense gradients; the
+    table's optimize ops have left, so ``grad_allreduce`` never reduces its gradient). There is no
+    ``trainer_startup``: no dense parameter comes from a pserver (``collective_startup`` broadcasts trainer
+    0's), and the table never lives on the trainer."""
+    pserver = [p for p in default_pipeline() if not isinstance(p, TrainerStartup)]
+    return pserver + collective_pipeline(GRAD_ALLREDUCE)
+
+
 __all__ = [
-    "CollectParams", "CollectivePlan", "CollectiveStartup", "GradAllReduce", "LocalSGD", "MemoryOptimize", "ReleaseMemory", "collective_pipeline", "DistributedTable", "Pass", "PassContext", "PassError", "PassManager", "PlaceBlocks",
+    "CollectParams", "CollectivePlan", "CollectiveStartup", "GradAllReduce", "LocalSGD", "MemoryOptimize", "ReleaseMemory", "collective_pipeline", "hybrid_pipeline", "DistributedTable", "Pass", "PassContext", "PassError", "PassManager", "PlaceBlocks",
     "PserverProgram", "PserverStartup", "SliceVariables", "TrainerSendRecv", "TrainerStartup",
     "default_pipeline", "slice_variable",
 ]

@@ -10,6 +10,10 @@ Guarantees: ``ctx.plan.params`` lists every trained parameter once, in that orde
 distributed table. Raises ``PassError`` when there is no optimizer op (E601), several distributed
 tables (E602), an optimizer op the pserver cannot run (E603), or a distributed table whose
 optimizer has no sparse update (E604).
+
+Hybrid mode (``plan.hybrid``): only the distributed table goes to the pservers, so ``params`` stays empty
+and only the table's optimizer must run on a pserver (the dense optimizers stay on the trainers); a
+program without a distributed table is refused (E605: it is plain nccl2 training).
 """
 from __future__ import annotations
 
@@ -54,17 +58,23 @@ class CollectParams(Pass):
         if not ops:
             raise PassError("the program has no optimizer ops (no op with op_role == Optimize)",
                             hint="call optimizer.minimize(loss) on the program before transpiling", code="E601")
+        table_name = find_distributed_table(block)
+        hybrid = ctx.plan.hybrid
+        if hybrid and table_name is None:
+            raise PassError("hybrid mode needs a distributed lookup table (an embedding with is_distributed=True), "
+                            "but the program has none", hint="use config.mode = 'nccl2' to allreduce every "
+                            "gradient, or make the large embedding distributed", code="E605")
         for op in ops:
-            if is_optimizer_op(op) and op.type not in ACCUMULATOR_SLOTS:
+            on_pserver = not hybrid or op.input("Param") == [table_name]
+            if is_optimizer_op(op) and op.type not in ACCUMULATOR_SLOTS and on_pserver:
                 raise PassError(f"optimizer op {op.type!r} cannot run on a parameter server; expected one of "
                                 f"{sorted(ACCUMULATOR_SLOTS)}", hint="use a supported optimizer", code="E603")
-        table_name = find_distributed_table(block)
         pairs: dict[str, str] = {}
         for op in ops:
             rv = op.role_var
             for i in range(0, len(rv) - 1, 2):
                 param, grad = rv[i], rv[i + 1]
-                if param in pairs or param == table_name:
+                if hybrid or param in pairs or param == table_name:
                     continue
                 var = block.find_var_recursive(param)
                 if not isinstance(var, Parameter) or not var.trainable:

@@ -18,6 +18,8 @@ Invariants (once placed):
 - Geo-SGD (``geo_sgd_push_nums`` > 0, async): a dense parameter block's delta travels as
   ``VarBlock.delta_name``; gradient blocks are still planned (same partition) but never sent.
 - Orders are deterministic: params in the order collected, endpoints in the user's order.
+- Hybrid mode (``hybrid``): ``params`` is empty (the dense parameters stay on the trainers, averaged by
+  allreduce, see ``passes.collective_plan``) and ``table`` is set: the pservers hold the table only.
 """
 from __future__ import annotations
 
@@ -141,6 +143,7 @@ class DistPlan:
     min_block_size: int = 8192
     enable_dc_asgd: bool = False
     geo_sgd_push_nums: int = 0  # Geo-SGD: sync the dense parameters every k steps; 0: off
+    hybrid: bool = False  # dense parameters stay on the trainers (allreduce); only the table is on the pservers
     placed: bool = False
     _by_param: dict[str, ParamPlan] = field(default_factory=dict, init=False, repr=False, compare=False)
 

@@ -17,7 +17,10 @@ Guarantees:
   ``merge_ids`` (rows back in the original order, into the original outputs). Right after the op
   producing the table's gradient: ``split_ids`` on the selected-rows gradient (rows bucketed by
   ``row % n``, values copied, rows stay global ids, height stays the table's) → one ``send`` to every
-  pserver; in sync mode its control output joins the ``send_barrier``. Names: ``table@GRAD.pserver_<i>``,
+  pserver; in sync mode its control output joins the ``send_barrier``. In hybrid mode (``plan.hybrid``) the
+  split and send go instead right before the barriers (at the end in async mode), after the dense
+  optimizer ops that stay on the trainer, so forward, backward, allreduce and the dense update compile
+  as one run (a host op between them would cut it in two). Names: ``table@GRAD.pserver_<i>``,
   or ``table@GRAD.trainer_<t>.pserver_<i>`` (``copy_of``/``trainer_id`` recorded) in sync mode with
   several trainers. No recv or concat: the table never lives on the trainer (``lookup_table_grad``
   still names it as ``W``, for its height only).
@@ -50,7 +53,7 @@ from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 from passes.dist_plan import DistPlan, TablePlan
-from passes.optimizer_ops import ACCUMULATOR_SLOTS, is_optimizer_op, optimize_ops
+from passes.optimizer_ops import ACCUMULATOR_SLOTS, is_optimizer_op, param_optimize_ops
 from passes.pass_base import Pass, PassContext
 from passes.rpc_builders import control_var, last_writers, rpc_attrs, table_lookups
 
@@ -59,7 +62,7 @@ CHECKPOINT_PATH = "none"  # Fluid's kLookupTablePath placeholder: checkpoint_not
 
 def table_ops(ctx: PassContext, table: TablePlan) -> list[Operator]:
     """The table's optimize ops in the input program (the optimizer, then e.g. Adam's beta-pow scales)."""
-    return [op for op in optimize_ops(ctx.origin_main) if op.role_var[:1] == [table.table]]
+    return param_optimize_ops(ctx.origin_main, table.table)
 
 
 def sharded_accumulators(ops: list[Operator]) -> list[str]:
@@ -125,11 +128,14 @@ class DistributedTable(Pass):
             block.add_var(Variable(name=name, shape=gvar.shape, dtype=gvar.dtype, type="selected_rows",
                                    copy_of=table.shard_grad_name(i) if tid is not None else None, trainer_id=tid))
             shards.append(name)
-        index = last_writers(block, [table.grad])[table.grad]
-        block.insert_op(index + 1, "split_ids", {"Ids": [table.grad]}, {"Out": shards}, dist)
+        at = last_writers(block, [table.grad])[table.grad] + 1
+        if plan.hybrid:
+            at = next((i for i, op in enumerate(block.ops) if op.type in ("send_barrier", "fetch_barrier")),
+                      len(block.ops))
+        block.insert_op(at, "split_ids", {"Ids": [table.grad]}, {"Out": shards}, dist)
         dummy = send_dummy_name(table.grad)
         control_var(block, dummy)
-        block.insert_op(index + 2, "send", {"X": shards}, {"Out": [dummy]},
+        block.insert_op(at + 1, "send", {"X": shards}, {"Out": [dummy]},
                         rpc_attrs(epmap=list(table.endpoints), sync_mode=not plan.sync_mode,
                                   trainer_id=plan.trainer_id, **{OP_ROLE_VAR_ATTR: [table.table, table.grad]}))
         for op in block.ops:

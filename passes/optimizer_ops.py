@@ -34,6 +34,12 @@ def optimize_ops(program: Program) -> list[Operator]:
     return [op for op in program.global_block().ops if op.role == int(OpRole.OPTIMIZE)]
 
 
+def param_optimize_ops(program: Program, param: str) -> list[Operator]:
+    """The optimize ops of ``param`` (``op_role_var`` naming it first: regularizer, clip, the optimizer, e.g.
+    Adam's beta-power scales), in program order."""
+    return [op for op in optimize_ops(program) if op.role_var[:1] == [param]]
+
+
 def lr_ops(program: Program) -> list[Operator]:
     """Learning-rate ops: role exactly LRSched, or LRSched|Optimize."""
     wanted = (int(OpRole.LRSCHED), int(OpRole.LRSCHED | OpRole.OPTIMIZE))

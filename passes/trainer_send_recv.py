@@ -15,6 +15,11 @@ Guarantees, as Fluid 1.5 (``transpile`` + ``get_trainer_program``):
   and ``concat`` of the blocks of every sliced parameter.
 Control-dependency variables are ``raw`` with shape ``[]`` and deterministic names.
 
+Hybrid mode (``plan.hybrid``): the plan has no dense parameter, so only the distributed table's optimize
+ops leave the trainer (the dense ones and the learning-rate ops stay, for the allreduced update there);
+nothing is split, sent or received here (``distributed_table`` sends the table's gradient), and in sync
+mode ``send_barrier`` and ``fetch_barrier`` still close every step.
+
 Geo-SGD (``plan.geo_sgd``): every parameter trains locally, the distributed table included (the
 trainer holds the whole table and its optimizer state, as Fluid 1.6's Geo-SGD does), so no op is
 dropped and no gradient is split, sent or received; one ``geo_sync`` op is appended last, over every
@@ -38,7 +43,7 @@ from ir.program_set import ProgramRole, ProgramSet
 from ir.roles import OP_ROLE_ATTR, OP_ROLE_VAR_ATTR, OpRole
 
 from passes.dist_plan import DistPlan, ParamPlan
-from passes.optimizer_ops import lr_ops, optimize_ops
+from passes.optimizer_ops import lr_ops, optimize_ops, param_optimize_ops
 from passes.pass_base import Pass, PassContext
 from passes.rpc_builders import (control_var, geo_state_vars, geo_table_state_vars, last_writers, param_block_vars,
                                  rpc_attrs, table_lookups)
@@ -65,7 +70,7 @@ class TrainerSendRecv(Pass):
         if plan.geo_sgd:
             self._geo_sync(program, plan)
             return True
-        self._drop_optimize_ops(program)
+        self._drop_optimize_ops(program, plan)
         sent: dict[str, list[str]] = {}
         # Unsliced gradients are renamed to their trainer copies in one pass over the ops.
         renames = {pp.grad: plan.trainer_grad_name(pp.grad_blocks[0]) for pp in plan.params if not pp.is_sliced}
@@ -139,9 +144,12 @@ class TrainerSendRecv(Pass):
         remove_unused_vars(block)
 
     @staticmethod
-    def _drop_optimize_ops(program: Program) -> None:
+    def _drop_optimize_ops(program: Program, plan: DistPlan) -> None:
         block = program.global_block()
-        doomed = {id(op) for op in optimize_ops(program) + lr_ops(program)}
+        if plan.hybrid:  # only the table is updated on the pservers
+            doomed = {id(op) for op in param_optimize_ops(program, plan.table.table)} if plan.table else set()
+        else:
+            doomed = {id(op) for op in optimize_ops(program) + lr_ops(program)}
         # By index, from the end: removing by op would search the block once per op.
         for index in reversed([i for i, op in enumerate(block.ops) if id(op) in doomed]):
             block.remove_op(index)

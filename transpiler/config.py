@@ -28,7 +28,11 @@ of the table rows it looked up, to the pservers, which add them; it then continu
 blocks and every table row any trainer changed since its last sync.
 
 Modes: ``pserver`` (the default), ``nccl2`` and ``collective`` (the same allreduce rewrite under Fluid
-1.5's and Fluid 1.6's names; ``collective_mode`` picks ``grad_allreduce`` or ``local_sgd``).
+1.5's and Fluid 1.6's names; ``collective_mode`` picks ``grad_allreduce`` or ``local_sgd``), and ``hybrid``:
+dense parameters data-parallel across the trainers by allreduce (the nccl2 rewrite), the distributed lookup
+table on the pservers (prefetch and sparse update, sync or async), in one trainer program. ``transpile``
+then takes both ``pservers`` and ``trainers`` as endpoint lists. E722: an option hybrid mode cannot honour
+(``enable_dc_asgd``: no dense gradient reaches a pserver to compensate).
 """
 from __future__ import annotations
 
@@ -42,7 +46,8 @@ from ir.ops.registry import suggest
 from transpiler.ps_dispatcher import PSDispatcher, RoundRobin
 
 
-MODES = ("pserver", "nccl2", "collective")
+MODES = ("pserver", "nccl2", "collective", "hybrid")
+HYBRID = "hybrid"
 COLLECTIVE_MODES = ("nccl2", "collective")
 COLLECTIVE_KINDS = ("grad_allreduce", "local_sgd")
 
@@ -90,7 +95,13 @@ class DistributeTranspilerConfig:
 
     @property
     def is_collective(self) -> bool:
+        """Allreduce among the trainers and no parameter server (nccl2/collective)."""
         return self.mode in COLLECTIVE_MODES
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Dense parameters allreduced among the trainers, the distributed table on the pservers."""
+        return self.mode == HYBRID
 
     def effective_sync_mode(self, argument: Any) -> bool:
         """Sync or async for ``transpile(sync_mode=argument)``: the config's own choice wins when it makes one."""
@@ -114,7 +125,9 @@ class DistributeTranspilerConfig:
                                   hint="the default is 8192 elements", code="E705")
         if self.mode not in MODES:
             raise TranspilerError(f"mode {self.mode!r} is not a transpiler mode; expected one of {list(MODES)}",
-                                  hint="'pserver' for parameter servers, 'nccl2' or 'collective' for allreduce",
+                                  hint="'pserver' for parameter servers, 'nccl2' or 'collective' for allreduce, "
+                                       "'hybrid' for allreduce of dense parameters beside a distributed table on "
+                                       "the pservers",
                                   code="E711")
         coll = self.collective_mode
         if coll is None:
@@ -125,7 +138,14 @@ class DistributeTranspilerConfig:
                                        "every local_sgd_steps steps", code="E711")
         if coll != "grad_allreduce" and self.mode not in COLLECTIVE_MODES:
             raise TranspilerError(f"collective_mode {coll!r} needs mode 'nccl2' or 'collective', but mode is "
-                                  f"{self.mode!r}", hint="set config.mode = 'collective'", code="E711")
+                                  f"{self.mode!r}", hint="set config.mode = 'collective'"
+                                  + (" (hybrid mode averages dense gradients every step)" if self.mode == HYBRID
+                                     else ""), code="E711")
+        if self.mode == HYBRID and self.enable_dc_asgd:
+            raise TranspilerError("enable_dc_asgd is set in hybrid mode, where no dense gradient reaches a pserver "
+                                  "(DC-ASGD compensates dense gradients there) and the table's sparse gradient "
+                                  "cannot be compensated", hint="disable enable_dc_asgd, or use mode 'pserver'",
+                                  code="E722")
         _check_int("nccl_comm_num", self.nccl_comm_num, 1, "the number of communicators (rings)")
         _check_int("local_sgd_steps", self.local_sgd_steps, 1, "the number of local steps between averagings")
         fuse = self.fuse_grad_size_in_MB

@@ -7,7 +7,11 @@ trainer_send_recv → trainer_startup → pserver_program → pserver_startup �
 ``geo_sgd_mode`` the trainer keeps every optimizer, the distributed table's too, and syncs parameter
 and touched-row deltas every k steps, and ``geo_sgd_startup`` follows ``trainer_startup``); in
 ``nccl2``/``collective`` mode (``trainers`` is then the comma-separated trainer endpoints, as in Fluid)
-it is ``collective_startup → grad_allreduce`` (or ``local_sgd``) and there are no pserver programs.
+it is ``collective_startup → grad_allreduce`` (or ``local_sgd``) and there are no pserver programs. In
+``hybrid`` mode ``trainers`` is the trainer endpoints too and ``pservers`` the pserver endpoints: the pserver
+pipeline runs over a plan that moves only the distributed lookup table to the pservers (no
+``trainer_startup``), then ``collective_startup → grad_allreduce`` over the dense gradients that stay
+(``passes.hybrid_pipeline``); ``sync_mode`` applies to the table.
 The ``get_*`` methods return clones of the stored results, so they can be called in any order and any
 number of times.
 
@@ -36,7 +40,7 @@ from ir.core import Program, default_main_program, default_startup_program
 from ir.program_set import ProgramRole, ProgramSet
 from ir.verify import verify_program_set
 
-from passes import collective_pipeline, default_pipeline
+from passes import collective_pipeline, default_pipeline, hybrid_pipeline
 from passes.collective_plan import CollectivePlan
 from passes.grad_allreduce import DGC_OP
 from passes.dist_plan import DistPlan
@@ -80,7 +84,8 @@ class DistributeTranspiler:
         ``config.sync_mode`` (or ``completely_not_async``), when set, wins over the ``sync_mode`` argument.
         In the collective modes ``trainers`` lists every trainer's endpoint (``"ip:port,ip:port"``),
         ``pservers`` and ``sync_mode`` are ignored, and ``current_endpoint`` (default: entry
-        ``trainer_id`` of ``trainers``) must be this trainer's entry."""
+        ``trainer_id`` of ``trainers``) must be this trainer's entry. In hybrid mode ``trainers`` is that
+        list too, and ``pservers`` and ``sync_mode`` are those of the distributed table."""
         # The passes allocate many small long-lived objects and no cycles worth collecting; the cyclic
         # GC walking that growing heap made 3,000-parameter programs ~18x slower (bench/transpile_bench.py).
         gc_was_enabled = gc.isenabled()
@@ -104,6 +109,9 @@ class DistributeTranspiler:
         program, startup_program = sources
         if self.config.is_collective:
             self._transpile_collective(trainer_id, program, startup_program, trainers, current_endpoint)
+        elif self.config.is_hybrid:
+            self._transpile_hybrid(trainer_id, program, startup_program, pservers, trainers, sync_mode,
+                                   current_endpoint)
         else:
             self._transpile_pserver(trainer_id, program, startup_program, pservers, trainers, sync_mode,
                                     current_endpoint)
@@ -148,8 +156,8 @@ class DistributeTranspiler:
             pipeline.insert(at, GeoSgdStartup())
         self._run_pipeline(pipeline, programs, ctx)
 
-    def _transpile_collective(self, trainer_id: Any, program: Program, startup_program: Program, trainers: Any,
-                              current_endpoint: str | None) -> None:
+    def _trainer_group(self, trainer_id: Any, trainers: Any, current_endpoint: str | None) -> CollectivePlan:
+        """The collective plan of this trainer: ``trainers`` is every trainer's endpoint, in rank order."""
         if isinstance(trainers, int) and not isinstance(trainers, bool):
             raise TranspilerError(f"trainers is {trainers!r}, but mode {self.config.mode!r} needs every trainer's "
                                   "endpoint", hint='pass trainers="ip:port,ip:port" (one endpoint a trainer, in rank '
@@ -161,16 +169,40 @@ class DistributeTranspiler:
                                   f"({eps[trainer_id]!r}) for trainer_id {trainer_id}",
                                   hint="trainer i's endpoint is entry i of trainers; fix trainer_id or "
                                        "current_endpoint", code="E703")
-        origin_main, origin_startup = program.clone(), startup_program.clone()
         cfg = self.config
-        coll = CollectivePlan(trainer_id=trainer_id, endpoints=eps, kind=cfg.collective_mode or "grad_allreduce",
+        return CollectivePlan(trainer_id=trainer_id, endpoints=eps, kind=cfg.collective_mode or "grad_allreduce",
                               fuse_grad_size_mb=cfg.fuse_grad_size_in_MB, local_sgd_steps=cfg.local_sgd_steps,
                               nccl_comm_num=cfg.nccl_comm_num)
+
+    def _transpile_collective(self, trainer_id: Any, program: Program, startup_program: Program, trainers: Any,
+                              current_endpoint: str | None) -> None:
+        coll = self._trainer_group(trainer_id, trainers, current_endpoint)
+        trainer_id, eps = coll.trainer_id, coll.endpoints
+        origin_main, origin_startup = program.clone(), startup_program.clone()
         plan = DistPlan(trainer_id=trainer_id, trainers=len(eps), sync_mode=True, pservers=())
         ctx = PassContext(origin_main=origin_main, origin_startup=origin_startup, plan=plan, collective=coll)
         programs = ProgramSet()
         programs.add(ProgramRole.trainer(trainer_id), origin_main.clone(), origin_startup.clone())
         self._run_pipeline(collective_pipeline(coll.kind), programs, ctx)
+
+    def _transpile_hybrid(self, trainer_id: Any, program: Program, startup_program: Program, pservers: Any,
+                          trainers: Any, sync_mode: bool, current_endpoint: str | None) -> None:
+        coll = self._trainer_group(trainer_id, trainers, current_endpoint)
+        eps = parse_endpoints(pservers)
+        shared = [ep for ep in eps if ep in coll.endpoints]
+        if shared:
+            raise TranspilerError(f"endpoint {shared[0]!r} is both a pserver and a trainer",
+                                  hint="every process of a hybrid job needs an endpoint of its own (the trainers' "
+                                       "endpoints form the allreduce group)", code="E722")
+        origin_main, origin_startup = program.clone(), startup_program.clone()
+        plan = DistPlan(trainer_id=coll.trainer_id, trainers=coll.nranks, sync_mode=self.config.effective_sync_mode(
+            sync_mode), pservers=eps, slice_var_up=self.config.slice_var_up, min_block_size=self.config.min_block_size,
+                        hybrid=True)
+        ctx = PassContext(origin_main=origin_main, origin_startup=origin_startup, plan=plan,
+                          dispatcher=self.config.split_method(list(eps)), collective=coll)
+        programs = ProgramSet()
+        programs.add(ProgramRole.trainer(coll.trainer_id), origin_main.clone(), origin_startup.clone())
+        self._run_pipeline(hybrid_pipeline(), programs, ctx)
 
     def _run_pipeline(self, pipeline: list[Any], programs: ProgramSet, ctx: PassContext) -> None:
         instruments: list[Instrument] = [Timing()]

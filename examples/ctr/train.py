@@ -1,6 +1,6 @@
 """Train the CTR example: ``python examples/ctr/train.py [--data-dir D] [--generate N] [--epochs E]
 [--batch-size 512] [--hash-dim 100003] [--optimizer sgd|adagrad|adam] [--lr LR] [--sync|--async]
-[--no-slice] [--distributed-table]``.
+[--no-slice] [--distributed-table [--hybrid]]``.
 
 When ``--data-dir`` holds no ``train.txt``/``test.txt``, writes ``--generate`` synthetic training examples
 (and a fifth as many test examples) there first (``examples/ctr/data.py``; written aside and moved into
@@ -18,7 +18,9 @@ trainer trains on its shard of the batches (batch ``i`` goes to trainer ``i % tr
 lines ``trainer <id>: ``, and trainer 0 then evaluates (its test program is the forward part of its
 transpiled program, so a ``--distributed-table`` is prefetched from the pservers) before every trainer
 closes its executor. ``--async`` trains without barriers; ``--no-slice`` places each parameter whole on
-one pserver; ``--distributed-table`` keeps the deep embedding table on the pservers only.
+one pserver; ``--distributed-table`` keeps the deep embedding table on the pservers only, and with
+``--hybrid`` the trainers allreduce every other gradient among themselves (hybrid mode: the pservers hold
+only that table).
 """
 from __future__ import annotations
 

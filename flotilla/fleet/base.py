@@ -166,8 +166,10 @@ class DistributedStrategy:
     ``split_method``, ``min_block_size``, ``enable_dc_asgd``, ``geo_sgd_mode`` and
     ``geo_sgd_need_push_nums`` (async only); collective fields: ``mode`` (``"nccl2"`` or
     ``"collective"``), ``collective_mode``, ``use_local_sgd`` (= ``collective_mode="local_sgd"``),
-    ``local_sgd_steps``, ``nccl_comm_num``, ``fuse_grad_size_in_MB``. A misspelt field raises, naming the
-    closest one."""
+    ``local_sgd_steps``, ``nccl_comm_num``, ``fuse_grad_size_in_MB``. ``mode="hybrid"`` (the
+    parameter-server Fleet only; ``StrategyFactory.create_hybrid_strategy``) allreduces the dense
+    gradients among the workers (``nccl_comm_num``, ``fuse_grad_size_in_MB``) and keeps the distributed
+    lookup table on the servers (``sync_mode``). A misspelt field raises, naming the closest one."""
 
     sync_mode: bool = True
     slice_var_up: bool = True
@@ -193,6 +195,16 @@ class DistributedStrategy:
     def transpiler_config(self, collective: bool) -> DistributeTranspilerConfig:
         """The ``DistributeTranspilerConfig`` for a parameter-server (or, with ``collective``, an allreduce)
         transpile."""
+        if self.mode == "hybrid":
+            if collective:
+                raise FleetError("the hybrid strategy keeps the distributed table on parameter servers, but this "
+                                 "is the collective Fleet", hint="use 'from flotilla.fleet import fleet' (the "
+                                 "parameter-server Fleet) with the hybrid strategy", code="E754")
+            return DistributeTranspilerConfig(mode="hybrid", slice_var_up=self.slice_var_up,
+                                              split_method=self.split_method, min_block_size=self.min_block_size,
+                                              enable_dc_asgd=self.enable_dc_asgd, geo_sgd_mode=self.geo_sgd_mode,
+                                              nccl_comm_num=self.nccl_comm_num,
+                                              fuse_grad_size_in_MB=self.fuse_grad_size_in_MB)
         if not collective:
             return DistributeTranspilerConfig(slice_var_up=self.slice_var_up, split_method=self.split_method,
                                               min_block_size=self.min_block_size, enable_dc_asgd=self.enable_dc_asgd,
@@ -221,6 +233,12 @@ class StrategyFactory:
         ``update_frequency`` steps."""
         return DistributedStrategy(sync_mode=False, geo_sgd_mode=True, geo_sgd_need_push_nums=update_frequency)
 
+    @staticmethod
+    def create_hybrid_strategy(sync_mode: bool = True) -> DistributedStrategy:
+        """Hybrid: the dense gradients allreduced among the workers every step, the distributed lookup table
+        on the servers (prefetch and sparse update, sync or async)."""
+        return DistributedStrategy(sync_mode=sync_mode, mode="hybrid")
+
 
 def strategy_config(strategy: Any, collective: bool) -> tuple[DistributeTranspilerConfig, bool]:
     """``(transpiler config, sync_mode)`` for ``strategy``: None, a ``DistributedStrategy`` or a
@@ -231,6 +249,10 @@ def strategy_config(strategy: Any, collective: bool) -> tuple[DistributeTranspil
     if isinstance(strategy, DistributedStrategy):
         return strategy.transpiler_config(collective), bool(strategy.sync_mode)
     if isinstance(strategy, DistributeTranspilerConfig):
+        if collective and strategy.is_hybrid:
+            raise FleetError("a hybrid config keeps the distributed table on parameter servers, but this is the "
+                             "collective Fleet", hint="use 'from flotilla.fleet import fleet' (the parameter-server "
+                             "Fleet) with mode='hybrid'", code="E754")
         if collective and not strategy.is_collective:
             import dataclasses
 

@@ -1,7 +1,8 @@
 """The parameter-server Fleet (Paddle's ``incubate.fleet.parameter_server.distribute_transpiler.fleet``).
 
 ``minimize`` builds the single-machine program, then transpiles it in pserver mode for this process's
-role with Fluid's in-place rule (``flotilla.fluid.DistributeTranspiler``): on a worker the default main
+role (or in hybrid mode, with ``StrategyFactory.create_hybrid_strategy()``: the workers allreduce the
+dense gradients and the servers hold only the distributed table) with Fluid's in-place rule (``flotilla.fluid.DistributeTranspiler``): on a worker the default main
 and startup programs *become* the trainer programs, so ``fleet.main_program`` /
 ``fleet.startup_program`` and ``fluid.default_main_program()`` / ``default_startup_program()`` are the
 same objects; on a server ``main_program`` / ``startup_program`` are its pserver programs. A local job
@@ -40,8 +41,17 @@ class ParameterServerFleet(Fleet):
             self.main_program, self.startup_program = main, startup
             return
         t = DistributeTranspiler(config)
+        trainers: int | str = role.trainers
+        own_endpoint = None
+        if config.is_hybrid:  # the workers form an allreduce group: every one needs every endpoint
+            if not role.trainer_endpoints:
+                raise FleetError("the hybrid strategy needs every worker's endpoint, but PADDLE_TRAINER_ENDPOINTS "
+                                 "is not set", hint="start the job with 'flotilla launch --server_num N "
+                                 "--worker_num M', which sets it", code="E757")
+            trainers = ",".join(role.trainer_endpoints)
+            own_endpoint = role.current_endpoint if role.is_trainer else None
         t.transpile(role.trainer_id, program=main, startup_program=startup, pservers=role.pservers,
-                    trainers=role.trainers, sync_mode=sync_mode)
+                    trainers=trainers, sync_mode=sync_mode, current_endpoint=own_endpoint)
         if role.is_trainer:
             self.main_program, self.startup_program = main, startup  # rewritten in place
         else:

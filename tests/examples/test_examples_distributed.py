@@ -6,7 +6,9 @@ Bars, with the figures measured when they were set (2 cores, small models, a few
   test AUC > 0.72 (0.77 measured); **async test AUC within 0.05 of the sync run's on the same data** (the
   async convergence margin); the distributed-table run (deep table on the pservers only, evaluated
   through the transpiled forward pass that prefetches its rows) test AUC > 0.72 (0.77 measured); the same
-  with Geo-SGD (``--async --geo-sgd 4``: the trainers hold the table) test AUC > 0.72 (0.78 measured).
+  with Geo-SGD (``--async --geo-sgd 4``: the trainers hold the table) test AUC > 0.72 (0.78 measured); the
+  same in hybrid mode (``--hybrid``: the trainers allreduce the dense gradients, the pservers hold only the
+  deep table) test AUC > 0.72, both trainers training the same number of steps.
   ``--no-slice`` keeps the embedding tables whole on one pserver each: a sliced table's gradient reaches
   each pserver with a different row count every step, and the pserver currently recompiles its sparse
   optimize block for each new count (about 1 s a step).
@@ -84,6 +86,12 @@ def test_ctr_sync_and_async_converge_alike(tmp_path: pathlib.Path, ctr_dir: path
 
 def test_ctr_distributed_table(tmp_path: pathlib.Path, ctr_dir: pathlib.Path) -> None:
     assert ctr_test_auc(tmp_path, ctr_dir, "--distributed-table") > 0.72
+
+
+def test_ctr_hybrid_with_the_distributed_table(tmp_path: pathlib.Path, ctr_dir: pathlib.Path) -> None:
+    """Hybrid mode: dense gradients allreduced between the two trainers (a real gloo group), the deep table
+    prefetched from and updated on the two pservers."""
+    assert ctr_test_auc(tmp_path, ctr_dir, "--hybrid", "--distributed-table") > 0.72
 
 
 def test_ctr_geo_sgd_with_the_distributed_table(tmp_path: pathlib.Path, ctr_dir: pathlib.Path) -> None:

@@ -356,8 +356,26 @@ def test_transpile_nccl2(flotilla, fc_files, tmp_path: pathlib.Path) -> None:
     assert not list((tmp_path / "out").glob("pserver*"))
 
 
+def test_transpile_hybrid(flotilla, tmp_path: pathlib.Path) -> None:
+    from tests.passes.ctr_model import build_ctr
+
+    main, startup = build_ctr()
+    save_program(main, tmp_path / "main.pb")
+    save_program(startup, tmp_path / "startup.pb")
+    done = flotilla("transpile", str(tmp_path / "main.pb"), "--startup", str(tmp_path / "startup.pb"), "--mode",
+                    "hybrid", "--pservers", EP0, "--trainers", "127.0.0.1:6180,127.0.0.1:6181", "-o", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert "hybrid, 1 pserver(s) holding the distributed table (sync), 2 trainer(s)" in done.stdout
+    main_text = (tmp_path / "out" / "trainer.1.main.txt").read_text()
+    assert "op c_allreduce_sum(" in main_text and "op prefetch(" in main_text and "op recv(" not in main_text
+    assert "op gen_nccl_id()" in (tmp_path / "out" / "trainer.1.startup.txt").read_text()
+    assert "op listen_and_serv(" in (tmp_path / "out" / "pserver@127.0.0.1_6174.main.txt").read_text()
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--mode", "nccl2", "--trainers", "2"], "--mode nccl2 needs every trainer's endpoint"),
+    (["--mode", "hybrid", "--trainers", "127.0.0.1:6180,127.0.0.1:6181"], "--pservers is required in hybrid mode"),
+    (["--mode", "hybrid", "--pservers", EP0, "--trainers", "2"], "--mode hybrid needs every trainer's endpoint"),
     (["--trainers", "2"], "--pservers is required in pserver mode"),
 ])
 def test_transpile_mode_errors(flotilla, fc_files, tmp_path: pathlib.Path, args: list[str], fragment: str) -> None:

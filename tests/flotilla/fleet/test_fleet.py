@@ -152,3 +152,63 @@ def test_misuse_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
     with pytest.raises(FleetError, match="parameter-server job.*but this is the collective Fleet"):
         CollectiveFleet().init(PaddleCloudRoleMaker(is_collective=True))
+
+
+def _hybrid_minimized(fleet: object, strategy: object) -> tuple[fluid.Program, fluid.Program]:
+    """A regression on x and a distributed embedding of ids, minimized by ``fleet`` under ``strategy``."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        ids = fluid.layers.data(name="ids", shape=[1], dtype="int64")
+        emb = fluid.layers.embedding(ids, size=[50, 4], is_sparse=True, is_distributed=True)
+        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+        y = fluid.layers.data(name="y", shape=[1], dtype="float32")
+        pred = fluid.layers.fc(input=fluid.layers.concat([x, emb], axis=1), size=1)
+        loss = fluid.layers.mean(fluid.layers.square_error_cost(input=pred, label=y))
+        fleet.init(PaddleCloudRoleMaker())
+        fleet.distributed_optimizer(fluid.optimizer.SGD(0.1), strategy).minimize(loss)
+    return main, startup
+
+
+HYBRID_WORKERS = "127.0.0.1:6170,127.0.0.1:6171"
+
+
+@pytest.mark.parametrize("make", [
+    lambda: StrategyFactory.create_hybrid_strategy(),
+    lambda: fluid.DistributeTranspilerConfig(mode="hybrid"),
+])
+def test_hybrid_strategy_reaches_the_transpiler(monkeypatch: pytest.MonkeyPatch, make: Any) -> None:
+    monkeypatch.setenv("PADDLE_PSERVERS_IP_PORT_LIST", ",".join(SERVERS))
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", HYBRID_WORKERS)
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    monkeypatch.setenv("TRAINING_ROLE", "TRAINER")
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "1")
+    monkeypatch.setenv("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:6171")
+    fleet = ParameterServerFleet()
+    main, startup = _hybrid_minimized(fleet, make())
+    ops = [op.type for op in main.global_block().ops]
+    assert fleet.main_program is main and "c_allreduce_sum" in ops and "prefetch" in ops and "recv" not in ops
+    assert [op.type for op in main.global_block().ops if op.type == "sgd"] == ["sgd", "sgd"]  # fc_w, fc_b
+    gen = startup.global_block().ops[0]
+    assert gen.type == "gen_nccl_id" and gen.attr("endpoint") == "127.0.0.1:6171" and gen.attr("trainer_id") == 1
+    monkeypatch.setenv("TRAINING_ROLE", "PSERVER")
+    monkeypatch.setenv("PADDLE_CURRENT_ENDPOINT", SERVERS[1])
+    server = ParameterServerFleet()
+    served, _ = _hybrid_minimized(server, make())
+    held = [v.name for v in server.main_program.global_block().vars.values() if v.is_parameter]
+    assert len(held) == 1 and "embedding" in held[0], held
+
+
+def test_hybrid_strategy_misuse_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PADDLE_PSERVERS_IP_PORT_LIST", ",".join(SERVERS))
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    monkeypatch.setenv("TRAINING_ROLE", "TRAINER")
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "0")
+    with pytest.raises(FleetError, match="PADDLE_TRAINER_ENDPOINTS is not set") as info:
+        _hybrid_minimized(ParameterServerFleet(), StrategyFactory.create_hybrid_strategy())
+    assert info.value.code == "E757"
+    collective = CollectiveFleet()
+    collective.init(UserDefinedCollectiveRoleMaker(0, HYBRID_WORKERS.split(",")))
+    for strategy in (StrategyFactory.create_hybrid_strategy(), fluid.DistributeTranspilerConfig(mode="hybrid")):
+        with pytest.raises(FleetError, match="this is the collective Fleet") as info:
+            collective.distributed_optimizer(fluid.optimizer.SGD(0.1), strategy)
+        assert info.value.code == "E754"

@@ -2,7 +2,7 @@
 
 ``python -m tests.runtime.rpc.ps_worker --out DIR [--model fc|table] [--opt sgd|momentum|adam]
 [--lr const|exp] [--async] [--steps N] [--first-step S] [--save-at K --ckpt DIR] [--load DIR] [--hold]
-[--die-at K] [--sleep S] [--resume] [--geo K]``
+[--die-at K] [--sleep S] [--resume] [--geo K] [--hybrid]``
 
 A pserver runs its startup program (then loads ``--load``'s checkpoint), saves its initial state to
 ``DIR/pserver_<id>_init.npz``, serves, and saves its final state to ``DIR/pserver_<id>.npz``. A trainer
@@ -16,6 +16,8 @@ given; never a trainer the launcher restarted, ``FLOTILLA_RESTART_COUNT`` > 0, w
 starts at the step the pservers admit it at (its client's step after the startup program) instead of
 ``--first-step``, and trains up to the same last step. ``--geo K`` (with ``--async``) transpiles in Geo-SGD
 mode syncing every K steps; a trainer then also saves its losses to ``DIR/trainer_<id>_loss.npy``.
+``--hybrid`` transpiles in hybrid mode (``PADDLE_TRAINER_ENDPOINTS`` must list the trainers): the dense
+parameters are allreduced among the trainers, the distributed table stays on the pservers.
 """
 from __future__ import annotations
 
@@ -78,9 +80,12 @@ def transpiler(args: argparse.Namespace, role: Any) -> tuple[DistributeTranspile
     config.min_block_size = 64  # fc_w (12 x 40) is sliced over the pservers
     if args.geo:
         config.geo_sgd_mode, config.geo_sgd_need_push_nums = True, args.geo
+    trainers: Any = role.trainers
+    if args.hybrid:
+        config.mode, trainers = "hybrid", ",".join(role.trainer_endpoints)
     t = DistributeTranspiler(config)
     t.transpile(role.trainer_id, program=main, startup_program=startup, pservers=role.pservers,
-                trainers=role.trainers, sync_mode=not args.async_mode)
+                trainers=trainers, sync_mode=not args.async_mode)
     return t, main
 
 
@@ -106,6 +111,7 @@ def main() -> int:
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--geo", type=int, default=0)
+    ap.add_argument("--hybrid", action="store_true")
     args = ap.parse_args()
 
     import runtime
