@@ -284,6 +284,26 @@ class PServer:
         self._lr_trigger = self._lr_trigger_block()
         self._failure: PServerError | None = None
         self.steps_run = 0
+        # Told (trainer id, live incarnation or None once it completed) whenever that changes, with the state
+        # lock held: the data plane drops a trainer's segments then (runtime.rpc.shm.PServerPlane).
+        self.incarnation_listeners: list[Callable[[int, int | None], None]] = []
+        self.closers: list[Callable[[], None]] = []  # run by close(), after the server stopped
+
+    def close(self) -> None:
+        """Release what serving held beyond the scope (the data plane's segments); idempotent."""
+        closers, self.closers = self.closers, []
+        for close in closers:
+            close()
+
+    def live_incarnation(self, trainer_id: int) -> int | None:
+        """The live incarnation of ``trainer_id``, or None (not announced, or completed). Reads without the
+        state lock (one dict lookup): a snapshot, for the data plane's checks."""
+        cur = self._trainers.get(trainer_id)
+        return cur.incarnation if cur is not None and trainer_id in self._live else None
+
+    def _tell_listeners(self, trainer_id: int, incarnation: int | None) -> None:
+        for listener in self.incarnation_listeners:
+            listener(trainer_id, incarnation)
 
     # --- checks shared by every request
     def _check_trainer(self, trainer_id: int, what: str) -> None:
@@ -375,6 +395,7 @@ class PServer:
                               + ("" if sync else " (async)"))
                 self._trainers[trainer_id] = _Incarnation(incarnation, joins)
                 self._last_seen[trainer_id] = time.monotonic()
+                self._tell_listeners(trainer_id, incarnation)
                 if sync and self._failure is None:
                     self._maybe_optimize()
                     self._maybe_advance()
@@ -612,6 +633,7 @@ class PServer:
             if trainer_id not in self._live:
                 return
             self._live.discard(trainer_id)
+            self._tell_listeners(trainer_id, None)
             if self.config.sync_mode and self._failure is None:
                 self._maybe_optimize()
                 self._maybe_advance()
