@@ -36,9 +36,9 @@ has a certificate and key). Settings come from ``runtime.flags.rpc_security`` un
 
 Data plane (``runtime.rpc.shm``; ``FLAGS_rpc_data_plane``, read when the client is made): with ``auto``
 the first large transfer to a pserver asks it for a shared-memory segment; a pserver on this host
-creates one and from then on a batch of at least ``SHM_THRESHOLD`` bytes (the large gradients of a
-flush; the parameters of a fetch this client has seen at that size) travels through segments, the gRPC
-call carrying only a signed reference. A pserver on another host, one with the data plane off, or a
+creates one and from then on a batch of at least ``FLAGS_rpc_data_plane_min_bytes`` (256 KiB: the large
+gradients of a flush; the parameters of a fetch this client has seen at that size) travels through
+segments, the gRPC call carrying only a signed reference. A pserver on another host, one with the data plane off, or a
 segment that cannot be mapped leaves that pserver on gRPC for good; a full ring (every segment still
 holding values the trainer uses) sends that one transfer through gRPC.
 """
@@ -60,7 +60,7 @@ from runtime.flags import RPCSecurity, flag, rpc_security
 from runtime.rpc import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.server import SERVICE, grpc_options
-from runtime.rpc.shm import (HEADER_BYTES, MAX_SEGMENTS, SHM_THRESHOLD, Segment, ShmError, TrainerPlane,
+from runtime.rpc.shm import (HEADER_BYTES, MAX_SEGMENTS, Segment, ShmError, TrainerPlane,
                              data_plane_mode, host_id, open_segment, write_batch)
 from runtime.rpc.stream import STREAM_THRESHOLD, ReceiveBuffers, get_chunked, send_chunked
 from runtime.rpc.wire import BATCH_FIELD, _varint, decode_batch, decode_variable, encode_batch, encode_parts, \
@@ -149,7 +149,8 @@ class RPCClient:
         self.data_plane = data_plane if data_plane is not None else data_plane_mode()
         self._host = host_id() if self.data_plane == "auto" else ""
         self._planes: dict[str, TrainerPlane] = {}  # endpoint -> its shared-memory segments
-        self.shm_threshold = SHM_THRESHOLD  # bytes of a batch (send) or variable (get) that go through shm
+        # bytes of a batch (send) or a variable (get) from which it goes through shared memory
+        self.shm_threshold = flag("FLAGS_rpc_data_plane_min_bytes")
         malloc.tune()
 
     # --- connections

@@ -288,6 +288,7 @@ class PServer:
         # lock held: the data plane drops a trainer's segments then (runtime.rpc.shm.PServerPlane).
         self.incarnation_listeners: list[Callable[[int, int | None], None]] = []
         self.closers: list[Callable[[], None]] = []  # run by close(), after the server stopped
+        self.data_plane: Any = None  # the server's runtime.rpc.shm.PServerPlane, set by start_server
 
     def close(self) -> None:
         """Release what serving held beyond the scope (the data plane's segments); idempotent."""
@@ -913,9 +914,25 @@ def _nonfinite_count(value: Any) -> int:
     arr = np.asarray(values)
     if arr.dtype.kind != "f" or not arr.size:
         return 0
-    if np.isfinite(arr).all():  # the common case: one pass, no temporaries kept
+    if _all_finite(arr.reshape(-1)):  # the common case: one pass, no large temporary
         return 0
     return int(arr.size - np.count_nonzero(np.isfinite(arr)))
+
+
+_FINITE_CHUNK = 1 << 16  # elements per step of the check: its flags stay in the cache
+
+
+def _all_finite(flat: np.ndarray) -> bool:
+    """Whether every value of the 1-D floating ``flat`` is finite, checked a cache-sized chunk at a time
+    (a whole-array ``isfinite`` writes and rereads a flag per element: 1.5x slower on 64 MiB here)."""
+    flags = np.empty(min(flat.size, _FINITE_CHUNK), bool)
+    for at in range(0, flat.size, _FINITE_CHUNK):
+        piece = flat[at:at + _FINITE_CHUNK]
+        out = flags[:piece.size]
+        np.isfinite(piece, out=out)
+        if not out.all():
+            return False
+    return True
 
 
 def _scaled(value: Any, factor: float) -> Any:

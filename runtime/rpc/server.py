@@ -325,6 +325,7 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
     plane = PServerPlane(pserver.live_incarnation, security.token, endpoint=endpoint, enabled=data_plane == "auto")
     pserver.incarnation_listeners.append(plane.sync_incarnation)
     pserver.closers.append(plane.close)
+    pserver.data_plane = plane
     service = ParameterServerService(pserver, security.token, max_message, data_plane=plane)
     server.add_generic_rpc_handlers((service.generic_handler(),))
     creds = server_credentials(security)

@@ -2,7 +2,8 @@
 
 gRPC stays the control plane and the default path (``FLAGS_rpc_data_plane=off`` keeps everything on it).
 With ``auto`` (the default) a trainer whose pserver runs on its own host moves batches of at least
-``SHM_THRESHOLD`` bytes through segments of shared memory; the gRPC call carries only a reference.
+``FLAGS_rpc_data_plane_min_bytes`` (256 KiB) through segments of shared memory; the gRPC call carries only
+a reference.
 
 Segments. A trainer asks its pserver for a segment (``ShmOpen``: trainer id, live incarnation, the
 trainer's ``host_id`` and a size). The pserver checks the incarnation and the host, creates a file under
@@ -65,7 +66,6 @@ from runtime.rpc.wire import BATCH_FIELD, _varint
 SHM_DIR = "/dev/shm"
 HEADER_BYTES = 64  # the nonce lives here; transfers start after it (cache-line aligned)
 NONCE_BYTES = 32
-SHM_THRESHOLD = 256 << 10  # measured: below it a gRPC message is as fast (bench/ps_bench.py --data-plane both)
 MAX_SEGMENTS = 8  # per trainer incarnation and pserver: one send and a few get slots in flight
 DEFAULT_MAX_BYTES = 4 << 30
 SEQ_WINDOW = 1024
