@@ -281,8 +281,8 @@ class PServerPlane:
         """Create one more segment for the trainer (see the module docstring), or say why not."""
         live = self._live(req.trainer_id)
         if live is None or live != req.incarnation:
-            raise ShmError(f"ShmOpen of trainer {req.trainer_id} from incarnation {req.incarnation:#x}, but its live "
-                           f"incarnation is {'none' if live is None else hex(live)}; nothing was created",
+            raise ShmError(f"ShmOpen of trainer {req.trainer_id} from incarnation {req.incarnation:#x}, which is not "
+                           "its live incarnation (or it completed); nothing was created",
                            hint="a trainer announces itself before asking for segments",
                            status="FAILED_PRECONDITION")
         if not self.enabled:
@@ -327,8 +327,8 @@ class PServerPlane:
             live = self._live(ref.trainer_id)
             if ref.incarnation != mine.incarnation or live != ref.incarnation:
                 raise ShmError(f"data-plane reference of trainer {ref.trainer_id} from incarnation "
-                               f"{ref.incarnation:#x}, but its segments belong to {mine.incarnation:#x} (live: "
-                               f"{'none' if live is None else hex(live)}); nothing was read",
+                               f"{ref.incarnation:#x}, but its segments belong to another incarnation (or it "
+                               "completed); nothing was read",
                                hint="a restarted trainer asks for new segments", status="FAILED_PRECONDITION")
             if ref.segment >= len(mine.segments):
                 raise ShmError(f"data-plane reference of trainer {ref.trainer_id} names segment {ref.segment}; it holds "
