@@ -377,6 +377,12 @@ class RPCClient:
                 plane = self._planes[endpoint] = TrainerPlane(self.trainer_id, self.incarnation, self.security.token)
         return None if plane.state is False else plane
 
+    def data_plane_state(self) -> dict[str, str]:
+        """Per pserver this client moved a large tensor with: ``shm`` (its segments are up), ``grpc: <why>``
+        (the data plane is unavailable there) or ``pending`` (not asked yet)."""
+        return {ep: "shm" if p.state else "pending" if p.state is None else f"grpc: {p.reason}"
+                for ep, p in sorted(self._planes.items())}
+
     def _segment(self, endpoint: str, nbytes: int) -> tuple[TrainerPlane, Segment] | None:
         """A free segment of ``endpoint`` with room for ``nbytes`` (marked busy; give it back), asking the
         pserver for a new one when none is free; None: use gRPC for this transfer."""

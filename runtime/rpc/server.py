@@ -77,9 +77,9 @@ class ParameterServerService:
         self._expected = f"Bearer {token}".encode("utf-8") if token else None
         self.max_message = max(MIN_MESSAGE, int(max_message))  # streams obey the unary calls' limit
         self.buffers = ReceiveBuffers()
-        self.plane = data_plane if data_plane is not None else PServerPlane(pserver.live_incarnation, token,
-                                                                          endpoint=pserver.config.endpoint,
-                                                                          enabled=False)
+        # Without one (a servicer made by hand): a data plane that answers every ShmOpen with no segment.
+        self.plane = data_plane if data_plane is not None else PServerPlane(lambda t: pserver.live_incarnation(t),
+                                                                          token, enabled=False)
 
     def _authenticated(self, context: grpc.ServicerContext) -> bool:
         if self._expected is None:
