@@ -334,15 +334,6 @@ class RPCClient:
                 by_endpoint.setdefault(ep, []).append(i)
         values: list[Any] = [None] * len(requests)
         shm_jobs = {ep: self._pool.submit(self._get_shm, ep, [requests[i][1] for i in idx]) for ep, idx in shm.items()}
-        for ep, job in shm_jobs.items():  # the ring was full or the pserver said no: gRPC for those
-            got = job.result()
-            if got is None:
-                for i in shm[ep]:
-                    (streamed if self._sizes.get(requests[i][1], 0) >= STREAM_THRESHOLD
-                     else by_endpoint.setdefault(ep, [])).append(i)
-            else:
-                for i, v in zip(shm[ep], got):
-                    values[i] = v
         stream_jobs = [self._pool.submit(self._get_streamed, *requests[i]) for i in streamed]
         jobs = []
         for ep, idx in by_endpoint.items():
@@ -364,7 +355,22 @@ class RPCClient:
                 self._sizes[d.name] = d.value.nbytes if hasattr(d.value, "nbytes") else 0
         for i, fut in zip(streamed, stream_jobs):
             values[i] = fut.result()
+        for ep, job in shm_jobs.items():
+            got = job.result()
+            for k, i in enumerate(shm[ep]):  # None: no free segment or no room; those take gRPC (rare)
+                values[i] = got[k] if got is not None else self._get_one(ep, requests[i][1])
         return values
+
+    def _get_one(self, endpoint: str, name: str) -> Any:
+        """One variable through gRPC: streamed when large, else a GetVariable."""
+        if self._sizes.get(name, 0) >= STREAM_THRESHOLD:
+            return self._get_streamed(endpoint, name)
+        req = pb.VariableRequest(name=name, trainer_id=self.trainer_id, step=self.step).SerializeToString()
+        decoded = decode_variable(self._call(endpoint, "GetVariable", req, f"of {name!r}"))
+        if decoded.name != name:
+            raise RPCError(f"trainer {self.trainer_id}: GetVariable of {name!r} from pserver {endpoint} answered "
+                           f"{decoded.name!r}", hint="the pserver runs a different program version")
+        return decoded.value
 
     # --- the same-host data plane (runtime.rpc.shm)
     def _plane(self, endpoint: str) -> TrainerPlane | None:
@@ -399,7 +405,7 @@ class RPCClient:
                                 min_bytes=nbytes).SerializeToString()
         reply = pb.ShmOpenReply.FromString(self._call(endpoint, "ShmOpen", req, f"of {nbytes} bytes"))
         if not reply.path:
-            if not plane.segments:  # another host, or the data plane off there: gRPC for good
+            if not reply.later:  # another host, or the data plane off there: gRPC for good
                 plane.state, plane.reason = False, reply.reason
             return None
         try:

@@ -171,7 +171,10 @@ class ParameterServerService:
     # --- the same-host data plane (runtime.rpc.shm): gRPC carries references, shared memory the bytes
     def shm_open(self, raw: bytes) -> bytes:
         req = _parse(pb.ShmOpenRequest, raw)
-        self.pserver._check_trainer(req.trainer_id, "ShmOpen")
+        trainers = self.pserver.config.trainers
+        if not 0 <= req.trainer_id < trainers:
+            raise PServerError(Status.INVALID_ARGUMENT, f"ShmOpen: trainer_id {req.trainer_id} is out of range; this "
+                               f"pserver serves {trainers} trainers (ids 0..{trainers - 1})")
         return self.plane.open(req).SerializeToString()
 
     def shm_send(self, raw: bytes) -> bytes:

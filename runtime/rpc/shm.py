@@ -301,14 +301,15 @@ class PServerPlane:
             held = sum(s.size for s in mine.segments)
             if len(mine.segments) >= MAX_SEGMENTS or held + size > self.max_bytes:
                 return pb.ShmOpenReply(reason=f"trainer {req.trainer_id} holds {len(mine.segments)} segments of "
-                                              f"{held} bytes; a {size}-byte one is above the limit")
+                                              f"{held} bytes; a {size}-byte one is above the limit", later=True)
             try:
                 free = os.statvfs(self.directory)
                 if size > free.f_bavail * free.f_frsize // 2:
-                    return pb.ShmOpenReply(reason=f"{self.directory} has too little room for {size} bytes")
+                    return pb.ShmOpenReply(reason=f"{self.directory} has too little room for {size} bytes",
+                                           later=True)
                 seg, nonce = create_segment(len(mine.segments), size, self.directory)
             except OSError as e:
-                return pb.ShmOpenReply(reason=f"creating a segment failed: {e}")
+                return pb.ShmOpenReply(reason=f"creating a segment failed: {e}", later=e.errno == errno.ENOSPC)
             mine.segments.append(seg)
         return pb.ShmOpenReply(path=seg.path, segment=seg.number, size=size, nonce=nonce,
                                key=b"" if self._token else mine.key)

@@ -129,6 +129,27 @@ def test_values_travel_bit_exactly_through_shared_memory(mode: str, planes: dict
     assert leftover_segments(pid=os.getpid()) == [], "a mapped segment keeps no name in /dev/shm"
 
 
+def test_a_full_ring_sends_that_fetch_through_grpc(tracker: Tracker) -> None:
+    from runtime.rpc.shm import MAX_SEGMENTS
+
+    h = build_pserver(True, serve=True, tracker=tracker)
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+    c.shm_threshold = 1
+    try:
+        c.get([(h.endpoint, "fc_b")])  # learns the size
+        held = [c.get([(h.endpoint, "fc_b")])[0] for _ in range(MAX_SEGMENTS + 2)]  # every value kept alive
+        plane = c._plane(h.endpoint)
+        assert plane is not None and plane.state is True and len(plane.segments) == MAX_SEGMENTS
+        via_shm = [any(np.shares_memory(v, seg.array) for seg in plane.segments) for v in held]
+        assert via_shm == [True] * MAX_SEGMENTS + [False, False]
+        for v in held:
+            np.testing.assert_array_equal(v, np.asarray(h.scope.find_var("fc_b")))
+        del held, v
+        assert c.get([(h.endpoint, "fc_b")])[0] is not None and len(plane.segments) == MAX_SEGMENTS  # reused
+    finally:
+        c.close()
+
+
 # --- every bad request a data-plane call can carry --------------------------------------------------------------------
 SEND_CASES = [(n, m) for n, case in BAD.items() if case[0] in ("SendVariable", "SendVariables") and n != "sendbatch-empty"
               for m in case[4]]
@@ -457,7 +478,9 @@ def test_the_pserver_caps_what_a_trainer_holds() -> None:
         req = pb.ShmOpenRequest(trainer_id=0, incarnation=inc(0), host=host_id(), min_bytes=1)
         got = [plane.open(req) for _ in range(4)]
         assert [bool(r.path) for r in got] == [True, True, True, False] and "above the limit" in got[3].reason
-        assert plane.open(pb.ShmOpenRequest(trainer_id=0, incarnation=inc(0), host="elsewhere", min_bytes=1)).path == ""
+        assert got[3].later  # for now: a later, smaller request may be served
+        elsewhere = plane.open(pb.ShmOpenRequest(trainer_id=0, incarnation=inc(0), host="elsewhere", min_bytes=1))
+        assert elsewhere.path == "" and not elsewhere.later and "another host" in elsewhere.reason
         with pytest.raises(ShmError, match="live incarnation"):
             plane.open(pb.ShmOpenRequest(trainer_id=0, incarnation=5, host=host_id(), min_bytes=1))
         assert all(r.key == b"" for r in got[:3])  # with a token the key is the token
