@@ -456,7 +456,8 @@ def print_jobs(rows: list[dict[str, Any]], local: float, paddle: str | None) -> 
         print(f"{r['job']:<24} {r['per_trainer']:12,.0f} {r['total']:9,.0f} {r['total'] / local:12.2f} "
               f"{ref} {cpu} {r['loss_first']:8.4f} -> {r['loss_last']:.4f}")
     print()
-    print("(c) bytes on the wire per trainer step (requests + replies), KB = 1e3 bytes")
+    print("(c) bytes moved per trainer step (gRPC requests + replies, and batches through shared memory), KB = 1e3 "
+          "bytes")
     print(f"{'job':<24} {'send':>8} {'get':>8} {'prefetch':>9} {'other':>6} {'total':>8} {'minimum':>8} "
           f"{'tot/min':>8} {'grad rows':>10} {'unique':>7} {'rows/uniq':>10} {'sparse/min':>11}")
     for r in rows:
@@ -720,8 +721,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             try:
                 tcp, by_mode = bench_transport(procs, args.sizes_mib, args.reps, args.data_plane)
                 print("transport: " + ", ".join(
-                    f"{m} MiB {d} TCP {tcp[m][d]:.2f} " + " ".join(f"{DP_LABEL[k]} {v[m][d]:.2f}" for k, v in by_mode.items())
-                    + " GB/s" for m in tcp for d in ("send", "get")), flush=True)
+                    f"{m} MiB {d} TCP {tcp[m][d]:.2f} "
+                    + " ".join(f"{DP_LABEL[k]} {v[m][d]:.2f}" for k, v in by_mode.items()) + " GB/s"
+                    for m in tcp for d in ("send", "get")), flush=True)
             finally:
                 procs.kill()
         rows = []
@@ -762,7 +764,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min): {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f} before, "
           f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} after{note}")
-    result = {"transport": {"tcp": tcp, "grpc": by_mode.get("off", {}), "shm": by_mode.get("auto", {})}, "jobs": rows, "local_examples_per_s": local,
+    result = {"transport": {"tcp": tcp, "grpc": by_mode.get("off", {}), "shm": by_mode.get("auto", {})},
+              "jobs": rows, "local_examples_per_s": local,
               "reference_per_trainer": REFERENCE_PER_TRAINER, "paddle": paddle, "paddle_failures": paddle_failures,
               "load_average": {"before": load_before, "after": load_after},
               "config": {k: v for k, v in vars(args).items() if k != "json"}}

@@ -332,8 +332,8 @@ class PServerPlane:
                                "completed); nothing was read",
                                hint="a restarted trainer asks for new segments", status="FAILED_PRECONDITION")
             if ref.segment >= len(mine.segments):
-                raise ShmError(f"data-plane reference of trainer {ref.trainer_id} names segment {ref.segment}; it holds "
-                               f"{len(mine.segments)}", hint="name a segment ShmOpen answered")
+                raise ShmError(f"data-plane reference of trainer {ref.trainer_id} names segment {ref.segment}; it "
+                               f"holds {len(mine.segments)}", hint="name a segment ShmOpen answered")
             seg = mine.segments[ref.segment]
             seg.check_range(ref)
             if ref.seq == 0 or ref.seq <= mine.top_seq - SEQ_WINDOW or ref.seq in mine.seen:
@@ -436,8 +436,9 @@ class TrainerPlane:
         """``ref`` is the pserver's signed answer to ``slot``: same segment and offset, within its room,
         same seq."""
         check_mac(self.key, b"reply", ref)
-        if (ref.trainer_id, ref.incarnation, ref.segment, ref.offset, ref.seq) != (
-                slot.trainer_id, slot.incarnation, slot.segment, slot.offset, slot.seq) or not 0 < ref.length <= slot.length:
+        same = (ref.trainer_id, ref.incarnation, ref.segment, ref.offset, ref.seq) == (
+            slot.trainer_id, slot.incarnation, slot.segment, slot.offset, slot.seq)
+        if not same or not 0 < ref.length <= slot.length:
             raise ShmError(f"the pserver's data-plane reply (segment {ref.segment}, offset {ref.offset}, length "
                            f"{ref.length}, seq {ref.seq}) does not answer the slot asked for (segment {slot.segment}, "
                            f"offset {slot.offset}, room {slot.length}, seq {slot.seq})")

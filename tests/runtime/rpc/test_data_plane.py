@@ -151,12 +151,13 @@ def test_a_full_ring_sends_that_fetch_through_grpc(tracker: Tracker) -> None:
 
 
 # --- every bad request a data-plane call can carry --------------------------------------------------------------------
-SEND_CASES = [(n, m) for n, case in BAD.items() if case[0] in ("SendVariable", "SendVariables") and n != "sendbatch-empty"
-              for m in case[4]]
+SEND_CASES = [(n, m) for n, case in BAD.items()
+              if case[0] in ("SendVariable", "SendVariables") and n != "sendbatch-empty" for m in case[4]]
 # Where the data plane refuses earlier than the pserver would (its own check of whose gradients a
 # trainer's segment carries), the words differ; the status is the same.
 SHM_WORDS = {"send-trainer-out-of-range": "carries 'fc_b@GRAD' of trainer 2"}
-GET_CASES = [(n, m) for n, case in BAD.items() if case[0] == "GetVariables" and n != "getbatch-garbage" for m in case[4]]
+GET_CASES = [(n, m) for n, case in BAD.items()
+             if case[0] == "GetVariables" and n != "getbatch-garbage" for m in case[4]]
 
 
 @pytest.mark.parametrize("name,mode", SEND_CASES, ids=[f"{n}-{m}" for n, m in SEND_CASES])
@@ -379,7 +380,7 @@ def test_a_killed_trainer_leaves_nothing_and_the_pserver_serves_the_others(track
         c.close()
 
 
-# --- FLAGS_rpc_data_plane=off ------------------------------------------------------------------------------------------
+# --- FLAGS_rpc_data_plane=off -----------------------------------------------------------------------------------
 def test_off_on_the_trainer_is_pure_grpc(tracker: Tracker) -> None:
     h = build_pserver(True, serve=True, tracker=tracker)
     c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="off")

@@ -174,7 +174,8 @@ def trained(out: pathlib.Path, model: str, pservers: int, suffix: str = "") -> d
 SYNC_CASES = [("fc", "sgd", "const"), ("fc", "momentum", "const"), ("fc", "adam", "const"), ("fc", "sgd", "exp"),
               ("table", "sgd", "const"), ("table", "adam", "exp")]
 # every case on gRPC; on the data plane a dense and a sparse one (the transport does not depend on the optimizer)
-SYNC_RUNS = [(*case, "grpc") for case in SYNC_CASES] + [("fc", "adam", "const", "shm"), ("table", "sgd", "const", "shm")]
+SYNC_RUNS = [(*case, "grpc") for case in SYNC_CASES] + [("fc", "adam", "const", "shm"),
+                                                        ("table", "sgd", "const", "shm")]
 
 
 @pytest.mark.parametrize("model,opt,lr,plane", SYNC_RUNS, ids=["-".join(r) for r in SYNC_RUNS])
