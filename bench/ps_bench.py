@@ -76,6 +76,7 @@ if __package__ in (None, ""):
 
 from ir.errors import FlotillaError  # noqa: E402
 from runtime.launch import free_ports  # noqa: E402
+from runtime.rpc.shm import leftover_segments  # noqa: E402
 from tests.netns import LOOPBACK, Host, Hosts, NetnsError, existing_hosts  # noqa: E402
 
 WORKER = pathlib.Path(__file__).resolve().with_name("ps_bench_worker.py")
@@ -709,6 +710,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     variants = trust_variants(args, env)
     paddle = paddle_version(args.paddle_python) if args.vs_paddle else None
     load_before = os.getloadavg()
+    segments_before = set(leftover_segments())
     note = " (--quick: a smoke run; its figures are not comparable with a full run)" if args.quick else ""
     print(f"ps_bench: {os.cpu_count()} cores; table {args.table_rows:,} x 16, batch {args.batch_size}, "
           f"{args.warmup} warm-up + {args.steps} timed steps a trainer, ids {args.id_dist}{note}", flush=True)
@@ -762,6 +764,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print_data_plane(rows)
     print_summary(tcp, by_mode, rows, local, paddle, rows[0].get("cpu_ms_per_kex"))
     load_after = os.getloadavg()
+    left = sorted(set(leftover_segments()) - segments_before)
+    if left:
+        print(f"data plane: {len(left)} segment file(s) left in /dev/shm: {left[:3]}")
     print(f"load average (1/5/15 min): {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f} before, "
           f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} after{note}")
     result = {"transport": {"tcp": tcp, "grpc": by_mode.get("off", {}), "shm": by_mode.get("auto", {})},

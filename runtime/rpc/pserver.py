@@ -66,6 +66,10 @@ changed since that trainer last fetched them; ``get`` of ``<table>@GEO_UPDATES``
 and clears the trainer's record. A trainer that fetches after its own delta was acknowledged thereby
 holds every row the pservers changed, its own included.
 
+Transports: ``incarnation_listeners`` are told whenever a trainer's live incarnation changes (a restart,
+Complete), and ``close()`` runs the ``closers`` once the server stopped: the data plane (runtime.rpc.shm)
+drops a trainer's shared-memory segments and removes them all at the end.
+
 Invariants:
 - Every request is validated completely before any state changes: a rejected request leaves the
   parameters and the protocol state exactly as they were.

@@ -8,6 +8,13 @@ GetVariableStream move large variables as streams of Chunks (``runtime.rpc.strea
 the token is checked before any chunk is read, a stream's announced length is bounded by the same message
 limit as a unary call, and a truncated, over-long or garbage stream is INVALID_ARGUMENT.
 
+The same-host data plane (``runtime.rpc.shm``): ShmOpen, ShmSend and ShmGet run under the same guard. The
+servicer checks a reference completely (HMAC, incarnation, segment, range, sequence number) before it reads a
+byte of shared memory, copies a sent batch out of the segment before it decodes it (the trainer reuses the
+segment once the call returns), and writes a fetched batch straight into the trainer's slot (one copy of each
+value, under the pserver's read locks); the decoded batch then goes through exactly the checks of
+SendVariables / GetVariables. ``start_server(..., data_plane="off")`` answers every ShmOpen with no segment.
+
 Server options: message limits from the largest variable the program moves (at least 4 MiB),
 ``grpc.so_reuseport`` off (binding a taken port fails instead of sharing it), no HTTP proxy, keepalive
 pings allowed every 10 s. The handler pool has room for a blocked barrier per trainer plus the sends and
