@@ -333,6 +333,10 @@ class RPCClient:
             else:
                 by_endpoint.setdefault(ep, []).append(i)
         values: list[Any] = [None] * len(requests)
+        if len(shm) == 1 and not streamed and not by_endpoint:  # one fetch: no hop to the pool
+            (ep, idx), = shm.items()
+            got = self._get_shm(ep, [requests[i][1] for i in idx])
+            return got if got is not None else [self._get_one(ep, requests[i][1]) for i in idx]
         shm_jobs = {ep: self._pool.submit(self._get_shm, ep, [requests[i][1] for i in idx]) for ep, idx in shm.items()}
         stream_jobs = [self._pool.submit(self._get_streamed, *requests[i]) for i in streamed]
         jobs = []

@@ -453,7 +453,7 @@ class PServer:
             raise PServerError(Status.INVALID_ARGUMENT, f"send of {name!r} from trainer {t}: seq {seq} must be "
                                "at least 1", hint="RPCClient numbers each variable's sends 1, 2, 3, ...")
         value = self._checked_value(name, var, msg.value)
-        if self.check_finite:
+        if self.check_finite and not msg.finite:
             bad = _nonfinite_count(value)
             if bad:
                 with self._cv:

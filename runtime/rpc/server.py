@@ -46,7 +46,7 @@ from runtime.flags import INSECURE_ENV, TOKEN_ENV, FlagError, RPCSecurity
 from runtime.rpc import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
-from runtime.rpc.shm import BatchWriter, PServerPlane, ShmError
+from runtime.rpc.shm import BatchWriter, PServerPlane, ShmError, copy_out
 from runtime.rpc.stream import ReceiveBuffers, encode_chunks
 from runtime.role import parse_endpoint
 from runtime.rpc.wire import WireError, decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
@@ -188,7 +188,9 @@ class ParameterServerService:
         """SendVariables whose batch lies in shared memory: checked reference, copied out, then as gRPC's."""
         ref = _parse(pb.ShmRef, raw)
         _, view = self.plane.resolve(ref, b"send")
-        msgs = decode_batch(self.buffers.copy(view))  # the trainer reuses the segment once this call returns
+        # the trainer reuses the segment once this call returns: the values are copied out (checked finite
+        # on the way), and what is validated and kept is the copy
+        msgs = [copy_out(d, self.buffers) for d in decode_batch(view)]
         del view
         if not msgs:
             raise WireError("ShmSend carries no variable", hint="send at least one gradient in a batch")

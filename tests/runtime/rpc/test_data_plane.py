@@ -508,3 +508,29 @@ def test_trainer_plane_hands_out_a_segment_only_when_its_values_are_gone() -> No
     finally:
         seg.unlink()
         tp.close()
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64-nan", "float32-inf-in-last-chunk", "int64", "rows", "empty"])
+def test_copy_out_copies_bit_exactly_and_checks_finite_on_the_way(kind: str) -> None:
+    from runtime.rpc.shm import copy_out
+    from runtime.rpc.stream import ReceiveBuffers
+    from runtime.rpc.wire import decode_variable, encode_variable
+    from runtime.scope import SelectedRows
+
+    rng = np.random.default_rng(0)
+    value: Any = {"float32": lambda: rng.normal(size=(300, 700)).astype(np.float32),
+                  "float64-nan": lambda: np.where(np.arange(5000) == 17, np.nan, 1.0).reshape(50, 100),
+                  "float32-inf-in-last-chunk": lambda: np.where(np.arange(200_000) == 199_999, np.inf,
+                                                                0.5).astype(np.float32),
+                  "int64": lambda: rng.integers(-5, 5, (1000, 3)),
+                  "rows": lambda: SelectedRows(np.array([4, 1, 9]), rng.normal(size=(3, 8)).astype(np.float32), 10),
+                  "empty": lambda: np.zeros((0, 4), np.float32)}[kind]()
+    received = decode_variable(encode_variable("v", value))
+    copied = copy_out(received, ReceiveBuffers())
+    assert copied.finite == (kind not in ("float64-nan", "float32-inf-in-last-chunk"))
+    got, want = copied.value, received.value
+    if isinstance(want, SelectedRows):
+        assert got.height == want.height and got.rows.tobytes() == want.rows.tobytes()
+        got, want = got.values, want.values
+    assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+    assert not np.shares_memory(got, want) and not got.flags.writeable
