@@ -308,6 +308,14 @@ class RPCClient:
             self._call(endpoint, "SendVariables", encode_batch([m for _, m in small]), f"of {[n for n, _ in small]}")
 
     def wait_sends(self) -> None:
+        if len(self._outbox) == 1 and all(f.done() for f in self._pending):
+            # one pserver's queue and nothing in flight: sent from this thread, without a hop to the pool
+            (endpoint, entries), = self._outbox.items()
+            self._outbox = {}
+            pending, self._pending = self._pending, []
+            _wait_all(pending)
+            self._send_entries(endpoint, entries, None)
+            return
         self.flush()
         pending, self._pending = self._pending, []
         _wait_all(pending)
