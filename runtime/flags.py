@@ -91,6 +91,21 @@ def flag(name: str, environ: Mapping[str, str] | None = None) -> int:
     return value
 
 
+DATA_PLANE_MODES = ("off", "auto")
+
+
+def data_plane_mode(environ: Mapping[str, str] | None = None) -> str:
+    """``FLAGS_rpc_data_plane``: ``off`` (pure gRPC) or ``auto`` (shared memory with a pserver on this host,
+    ``runtime.rpc.shm``); auto when unset."""
+    env = os.environ if environ is None else environ
+    raw = (env.get("FLAGS_rpc_data_plane") or "auto").strip().lower()
+    if raw not in DATA_PLANE_MODES:
+        raise FlagError(f"FLAGS_rpc_data_plane={raw!r} is not one of {list(DATA_PLANE_MODES)}",
+                        hint="off: every tensor on gRPC; auto (the default): shared memory when trainer and pserver "
+                             "share a host")
+    return raw
+
+
 def bool_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """The value of the 0/1 flag ``name`` (its default when unset)."""
     env = os.environ if environ is None else environ

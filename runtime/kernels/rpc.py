@@ -409,10 +409,9 @@ def max_message_bytes(program: Program) -> int:
 def listen_and_serv(ctx: Any, op: Operator) -> None:
     """Serve until every trainer has completed (then return) or the pserver fails (then raise)."""
     from runtime import io
-    from runtime.flags import bool_flag, checkpoint_root, rpc_security
+    from runtime.flags import bool_flag, checkpoint_root, data_plane_mode, rpc_security
     from runtime.rpc.pserver import PServer, PServerError
     from runtime.rpc.server import start_server
-    from runtime.rpc.shm import data_plane_mode
 
     def run_block(idx: int, scope: Any) -> None:
         ctx.executor.run_block(ctx.program, idx, scope)

@@ -56,12 +56,12 @@ from typing import Any, Callable, Iterable, Sequence
 import grpc
 
 from ir.errors import FlotillaError
-from runtime.flags import RPCSecurity, flag, rpc_security
+from runtime.flags import RPCSecurity, data_plane_mode, flag, rpc_security
 from runtime.rpc import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.server import SERVICE, grpc_options
 from runtime.rpc.shm import (HEADER_BYTES, MAX_SEGMENTS, Segment, ShmError, TrainerPlane,
-                             data_plane_mode, host_id, open_segment, write_batch)
+                             host_id, open_segment, write_batch)
 from runtime.rpc.stream import STREAM_THRESHOLD, ReceiveBuffers, get_chunked, send_chunked
 from runtime.rpc.wire import BATCH_FIELD, _varint, decode_batch, decode_variable, encode_batch, encode_parts, \
     encode_variable

@@ -73,9 +73,7 @@ NONCE_BYTES = 32
 MAX_SEGMENTS = 8  # per trainer incarnation and pserver: one send and a few get slots in flight
 DEFAULT_MAX_BYTES = 4 << 30
 SEQ_WINDOW = 1024
-MODES = ("off", "auto")
 _MAC_FIELDS = struct.Struct("<6sqQIQQQ")
-PURPOSES = (b"send", b"slot", b"reply")
 
 
 class ShmError(FlotillaError):
@@ -86,19 +84,6 @@ class ShmError(FlotillaError):
     def __init__(self, message: str, hint: str | None = None, status: str = "INVALID_ARGUMENT") -> None:
         super().__init__(message, hint=hint)
         self.status = status
-
-
-def data_plane_mode(environ: Any = None) -> str:
-    """``FLAGS_rpc_data_plane``: ``off`` (pure gRPC) or ``auto`` (shared memory with a pserver on this host)."""
-    env = os.environ if environ is None else environ
-    raw = (env.get("FLAGS_rpc_data_plane") or "auto").strip().lower()
-    if raw not in MODES:
-        from runtime.flags import FlagError
-
-        raise FlagError(f"FLAGS_rpc_data_plane={raw!r} is not one of {list(MODES)}",
-                        hint="off: every tensor on gRPC; auto (default): shared memory when trainer and pserver share "
-                             "a host")
-    return raw
 
 
 def host_id() -> str:
@@ -120,12 +105,14 @@ def ref_mac(key: bytes, purpose: bytes, ref: pb.ShmRef) -> bytes:
 
 
 def signed_ref(key: bytes, purpose: bytes, **fields: Any) -> pb.ShmRef:
+    """A ``ShmRef`` of ``fields`` with its MAC for ``purpose`` (``send``, ``slot`` or ``reply``)."""
     ref = pb.ShmRef(**fields)
     ref.mac = ref_mac(key, purpose, ref)
     return ref
 
 
 def check_mac(key: bytes, purpose: bytes, ref: pb.ShmRef) -> None:
+    """Raise ShmError unless ``ref`` carries the MAC of its fields for ``purpose`` (constant-time compare)."""
     if not hmac.compare_digest(ref.mac, ref_mac(key, purpose, ref)):
         raise ShmError(f"data-plane reference of trainer {ref.trainer_id} (segment {ref.segment}, offset {ref.offset}, "
                        f"length {ref.length}, seq {ref.seq}) does not carry a valid HMAC; nothing was read",

@@ -21,11 +21,11 @@ import grpc
 import numpy as np
 import pytest
 
-from runtime.flags import FlagError
+from runtime.flags import FlagError, data_plane_mode
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.client import RPCClient, RPCError
 from runtime.rpc.shm import (HEADER_BYTES, NONCE_BYTES, PServerPlane, Segment, ShmError, TrainerPlane,
-                             create_segment, data_plane_mode, leftover_segments, open_segment, ref_mac)
+                             create_segment, leftover_segments, open_segment, ref_mac)
 from runtime.rpc.wire import encode_batch
 from tests.runtime.rpc.conftest import LR, PARAMS, PSHandle, Tracker, build_pserver, inc
 from tests.runtime.rpc.test_server_errors import BAD, Raw, Served
