@@ -386,7 +386,10 @@ class PServerPlane:
     def reply(self, slot: pb.ShmRef, length: int) -> pb.ShmRef:
         """The signed reference to the ``length`` bytes written at ``slot``'s start."""
         with self._lock:
-            mine = self._trainers[slot.trainer_id]
+            mine = self._trainers.get(slot.trainer_id)
+            if mine is None or mine.incarnation != slot.incarnation:  # a restart or Complete while answering
+                raise ShmError(f"trainer {slot.trainer_id}'s segments were dropped while its ShmGet was answered",
+                               hint="a restarted trainer asks for new segments", status="FAILED_PRECONDITION")
             return signed_ref(mine.key, b"reply", trainer_id=slot.trainer_id, incarnation=slot.incarnation,
                               segment=slot.segment, offset=slot.offset, length=length, seq=slot.seq)
 
