@@ -38,6 +38,12 @@ measured in one run on 127.0.0.1 against baselines measured in the same run.
     with pserver i and trainer i on host i mod n (endpoints on the hosts' addresses, a job token set: a
     pserver refuses a non-loopback endpoint without one), beside the loopback rows. Building namespaces
     needs root and iproute2.
+(f) Data plane: ``--data-plane off|auto|both`` sets ``FLAGS_rpc_data_plane`` of every process (default auto).
+    With ``both`` the transport runs against one pserver per mode (gRPC, and shared memory: this process
+    is on the pserver's host) and every PS job runs both ways (the auto run marked ``+shm``); a table puts
+    each job's examples/s per trainer and job CPU per 1,000 examples off against auto. Goals: 64 MiB
+    send/fetch through shared memory >= 2x raw loopback TCP, 4 MiB >= 1x; a 1x2 job's CPU per 1,000
+    examples <= 1.3x the single-process job's.
 The load average is printed before and after; ``--quick`` figures are marked not comparable.
 
 Every process is started here and only those are killed (on failure, timeout or exit); every wait is
@@ -70,6 +76,7 @@ if __package__ in (None, ""):
 
 from ir.errors import FlotillaError  # noqa: E402
 from runtime.launch import free_ports  # noqa: E402
+from runtime.rpc.shm import leftover_segments  # noqa: E402
 from tests.netns import LOOPBACK, Host, Hosts, NetnsError, existing_hosts  # noqa: E402
 
 WORKER = pathlib.Path(__file__).resolve().with_name("ps_bench_worker.py")
@@ -79,6 +86,10 @@ HEADER_FMT = "<cQ"
 REFERENCE_PER_TRAINER = 9_906.0  # Paddle 2.6.2's PS, async 1x2, last measured on this machine (see --vs-paddle)
 PADDLE_LAST_MEASURED = "Paddle 2.6.2, 2026-11-24, this 2-core machine, bench/paddle_ps_worker.py"
 TRANSPORT_TARGET = 0.6
+SHM_TARGET = {64: 2.0, 4: 1.0}  # same-host data plane against raw loopback TCP, by MiB (others: 1.0)
+CPU_TARGET = 1.3  # a PS job's CPU per 1,000 examples against the single-process job's
+DP_LABEL = {"off": "gRPC", "auto": "shm"}
+DP_SUFFIX = " +shm"
 JOB_TARGET = 0.6  # the whole 1x2 job against single-process training, examples/s
 PADDLE_TARGET = 2.0  # 1x2 async examples/s per trainer against Paddle's PS on the same job
 GB = 1e9
@@ -102,11 +113,12 @@ class Procs:
     running: list[tuple[str, subprocess.Popen[bytes], pathlib.Path]] = field(default_factory=list)
 
     def start(self, tag: str, role: str, *argv: str, python: str = sys.executable,
-              worker: pathlib.Path = WORKER, host: Host = LOOPBACK) -> subprocess.Popen[bytes]:
+              worker: pathlib.Path = WORKER, host: Host = LOOPBACK,
+              env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = self.tmp / f"{tag}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(host.command([python, str(worker), role, *argv]), stdout=out,
-                                    stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO))
+                                    stderr=subprocess.STDOUT, env=env or self.env, cwd=str(REPO))
         self.running.append((tag, proc, log))
         return proc
 
@@ -197,60 +209,70 @@ class TcpClient:
         self.conn.close()
 
 
-def bench_transport(procs: Procs, sizes_mib: list[int], reps: int) -> tuple[dict[int, dict[str, float]],
-                                                                           dict[int, dict[str, float]]]:
-    """(raw TCP, gRPC) GB/s by size and direction. Both servers run at once and the four transfers of a
-    size take turns within every repetition, so load from other processes falls on them alike."""
+def bench_transport(procs: Procs, sizes_mib: list[int], reps: int, modes: list[str]
+                    ) -> tuple[dict[int, dict[str, float]], dict[str, dict[int, dict[str, float]]]]:
+    """(raw TCP, {data plane mode: figures}) GB/s by size and direction. The TCP sink and one transport
+    pserver per data-plane mode (``FLAGS_rpc_data_plane`` off: gRPC; auto: shared memory, this process
+    being on the pserver's host) run at once, and every transfer of a size takes its turn within every
+    repetition, so load from other processes falls on them alike."""
     from bench.ps_bench_worker import transport_names
     from runtime.rpc.client import RPCClient
 
     port_file = procs.tmp / "tcp_port.json"
     sink = procs.start("tcp-sink", "tcp-sink", "--out", str(port_file), "--buffer-mib", str(max(sizes_mib)),
                        "--timeout", "120")
-    endpoint = f"127.0.0.1:{free_ports(1)[0]}"
     names = transport_names(sizes_mib)
-    procs.start("transport-pserver", "transport-pserver", "--endpoint", endpoint,
-                "--sizes-mib", ",".join(map(str, sizes_mib)))
+    endpoints = {}
+    for mode in modes:
+        endpoints[mode] = f"127.0.0.1:{free_ports(1)[0]}"
+        procs.start(f"transport-pserver-{mode}", "transport-pserver", "--endpoint", endpoints[mode],
+                    "--sizes-mib", ",".join(map(str, sizes_mib)), env={**procs.env, "FLAGS_rpc_data_plane": mode})
     tcp_client = TcpClient(_wait_file(port_file, sink, 60.0)["port"], max(sizes_mib) << 20)
-    client = RPCClient(0, deadline=120.0)
+    clients = {mode: RPCClient(0, deadline=120.0, data_plane=mode) for mode in modes}
     tcp: dict[int, dict[str, float]] = {}
-    grpc_: dict[int, dict[str, float]] = {}
+    by_mode: dict[str, dict[int, dict[str, float]]] = {mode: {} for mode in modes}
     try:
-        client.wait_ready([endpoint])
+        for mode, client in clients.items():
+            client.wait_ready([endpoints[mode]])
         rng = np.random.default_rng(0)
         for mib in sizes_mib:
             grad, param, shape = names[mib]
             value = rng.random(shape, dtype=np.float32)
             n = value.nbytes
-            got: list[Any] = []
-
-            def grpc_send() -> None:
-                client.send(endpoint, grad, value)
-                client.wait_sends()
-
-            def grpc_get() -> None:
-                got[:] = client.get([(endpoint, param)])
-
-            ways: dict[str, Callable[[], None]] = {
-                "tcp send": lambda: tcp_client.send(n), "grpc send": grpc_send,
-                "tcp get": lambda: tcp_client.get(n), "grpc get": grpc_get}
+            got: dict[str, list[Any]] = {mode: [] for mode in modes}
+            ways: dict[str, Callable[[], None]] = {"tcp send": lambda: tcp_client.send(n)}
+            for mode, client in clients.items():
+                ways[f"{mode} send"] = lambda c=client, ep=endpoints[mode]: (c.send(ep, grad, value), c.wait_sends())
+            ways["tcp get"] = lambda: tcp_client.get(n)
+            for mode, client in clients.items():
+                def get(c: Any = client, ep: str = endpoints[mode], out: list[Any] = got[mode]) -> None:
+                    out[:] = []  # the previous value goes first: its segment is free for this fetch
+                    out[:] = c.get([(ep, param)])
+                ways[f"{mode} get"] = get
             samples: dict[str, list[float]] = {k: [] for k in ways}
-            for rep in range(reps + 1):  # the first round warms up
+            for rep in range(reps + 2):  # the first two rounds warm up (a fetch learns the size, then maps)
                 for key, fn in ways.items():
                     start = time.perf_counter()
                     fn()
-                    if rep:
+                    if rep > 1:
                         samples[key].append(time.perf_counter() - start)
-            if np.asarray(got[0]).nbytes != n:
-                raise BenchError(f"GetVariable of {param!r} returned {np.asarray(got[0]).nbytes} bytes, expected {n}")
+            for mode in modes:
+                if np.asarray(got[mode][0]).nbytes != n:
+                    raise BenchError(f"GetVariable of {param!r} returned {np.asarray(got[mode][0]).nbytes} bytes, "
+                                     f"expected {n}")
             rate = {k: n / statistics.median(v) / GB for k, v in samples.items()}
             tcp[mib] = {"send": rate["tcp send"], "get": rate["tcp get"]}
-            grpc_[mib] = {"send": rate["grpc send"], "get": rate["grpc get"]}
+            for mode in modes:
+                by_mode[mode][mib] = {"send": rate[f"{mode} send"], "get": rate[f"{mode} get"]}
+        planes = {mode: {ep: (p.state, p.reason) for ep, p in c._planes.items()} for mode, c in clients.items()}
+        if "auto" in clients and not all(state for state, _ in planes["auto"].values()):
+            raise BenchError(f"the data plane did not come up on this host: {planes['auto']}")
     finally:
         tcp_client.close()
-        client.close()
+        for client in clients.values():
+            client.close()
     procs.wait_all(60.0)
-    return tcp, grpc_
+    return tcp, by_mode
 
 
 # --- (b), (c) the CTR job -------------------------------------------------------------------------------
@@ -408,15 +430,19 @@ def summarise(job: Job, results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # --- report -----------------------------------------------------------------------------------------------
-def print_transport(tcp: dict[int, dict[str, float]], grpc_: dict[int, dict[str, float]]) -> None:
+def print_transport(tcp: dict[int, dict[str, float]], by_mode: dict[str, dict[int, dict[str, float]]]) -> None:
     print()
-    print("(a) transport, GB/s (1e9 bytes/s), median")
-    print(f"{'size':>7} {'dir':>5} {'raw TCP':>9} {'gRPC':>8} {'gRPC/TCP':>9}")
+    print("(a) transport, GB/s (1e9 bytes/s), median; gRPC = FLAGS_rpc_data_plane=off, shm = auto (same host)")
+    modes = [m for m in ("off", "auto") if m in by_mode]
+    head = "".join(f" {DP_LABEL[m]:>8} {DP_LABEL[m] + '/TCP':>9}" for m in modes)
+    print(f"{'size':>7} {'dir':>5} {'raw TCP':>9}{head}")
     for mib in tcp:
         for d, label in (("send", "Send"), ("get", "Get")):
-            ratio = grpc_[mib][d] / tcp[mib][d]
-            print(f"{mib:>4}MiB {label:>5} {tcp[mib][d]:9.2f} {grpc_[mib][d]:8.2f} {ratio:9.2f}"
-                  f"{'' if ratio >= TRANSPORT_TARGET else '  < target'}")
+            cells = ""
+            for m in modes:
+                ratio = by_mode[m][mib][d] / tcp[mib][d]
+                cells += f" {by_mode[m][mib][d]:8.2f} {ratio:9.2f}"
+            print(f"{mib:>4}MiB {label:>5} {tcp[mib][d]:9.2f}{cells}")
 
 
 def print_jobs(rows: list[dict[str, Any]], local: float, paddle: str | None) -> None:
@@ -436,7 +462,8 @@ def print_jobs(rows: list[dict[str, Any]], local: float, paddle: str | None) -> 
         print(f"{r['job']:<24} {r['per_trainer']:12,.0f} {r['total']:9,.0f} {r['total'] / local:12.2f} "
               f"{ref} {cpu} {r['loss_first']:8.4f} -> {r['loss_last']:.4f}")
     print()
-    print("(c) bytes on the wire per trainer step (requests + replies), KB = 1e3 bytes")
+    print("(c) bytes moved per trainer step (gRPC requests + replies, and batches through shared memory), KB = 1e3 "
+          "bytes")
     print(f"{'job':<24} {'send':>8} {'get':>8} {'prefetch':>9} {'other':>6} {'total':>8} {'minimum':>8} "
           f"{'tot/min':>8} {'grad rows':>10} {'unique':>7} {'rows/uniq':>10} {'sparse/min':>11}")
     for r in rows:
@@ -452,8 +479,8 @@ def print_jobs(rows: list[dict[str, Any]], local: float, paddle: str | None) -> 
               f"{w['sparse_bytes_per_step'] / w['sparse_min_per_step']:11.2f}")
 
 
-def print_summary(tcp: dict[int, dict[str, float]], grpc_: dict[int, dict[str, float]], rows: list[dict[str, Any]],
-                  local: float, paddle: str | None) -> None:
+def print_summary(tcp: dict[int, dict[str, float]], by_mode: dict[str, dict[int, dict[str, float]]],
+                  rows: list[dict[str, Any]], local: float, paddle: str | None, local_cpu: float | None) -> None:
     """Each goal of the PS speed work, its figure, its baseline and the ratio."""
     print()
     print("summary (goal: figure / baseline = ratio, target)")
@@ -463,8 +490,18 @@ def print_summary(tcp: dict[int, dict[str, float]], grpc_: dict[int, dict[str, f
 
     for m in tcp:
         for d in ("send", "get"):
-            goal(f"transport {m} MiB {d}, gRPC / raw TCP", grpc_[m][d] / tcp[m][d], TRANSPORT_TARGET,
-                 f"{grpc_[m][d]:.2f} / {tcp[m][d]:.2f} GB/s")
+            if "off" in by_mode:
+                goal(f"transport {m} MiB {d}, gRPC / raw TCP", by_mode["off"][m][d] / tcp[m][d], TRANSPORT_TARGET,
+                     f"{by_mode['off'][m][d]:.2f} / {tcp[m][d]:.2f} GB/s")
+            if "auto" in by_mode:
+                goal(f"transport {m} MiB {d}, shm / raw TCP", by_mode["auto"][m][d] / tcp[m][d],
+                     SHM_TARGET.get(m, 1.0), f"{by_mode['auto'][m][d]:.2f} / {tcp[m][d]:.2f} GB/s")
+    for r in rows:
+        if local_cpu and r["pservers"] and r.get("cpu_ms_per_kex") and not r.get("paddle") and not r.get("placement") \
+                and "+token" not in r["job"]:
+            ratio = r["cpu_ms_per_kex"] / local_cpu
+            print(f"  {r['job'] + ' job CPU / single-process':<44} {r['cpu_ms_per_kex']:.1f} / {local_cpu:.1f} ms per "
+                  f"1k ex = {ratio:5.2f}  target <= {CPU_TARGET:g}  {'met' if ratio <= CPU_TARGET else 'MISSED'}")
     for r in rows:
         if not r["pservers"] or r.get("paddle") or "+" in r["job"] or r.get("placement"):
             continue
@@ -510,6 +547,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--jobs", nargs="+", default=None,
                     help="PS jobs as PxT-mode, e.g. 1x2-async 2x2-sync (default: 1x2 and 2x2, sync and async)")
     ap.add_argument("--skip-transport", action="store_true")
+    ap.add_argument("--data-plane", choices=("off", "auto", "both"), default="auto",
+                    help="FLAGS_rpc_data_plane of every figure: off (gRPC), auto (shared memory on one host; the "
+                         "default) or both (each transport figure and PS job both ways, in one run)")
     ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds a job's processes may take")
     ap.add_argument("--hugetlb", action="store_true", help="run the children with GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
     ap.add_argument("--json", default="", help="also write the figures as JSON to this path")
@@ -528,6 +568,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--delay", default="0.1ms", help="the emulated link's one-way delay for --netns (0.1ms; '' none)")
     args = ap.parse_args(argv)
     quick = args.quick
+    args.data_plane = ["off", "auto"] if args.data_plane == "both" else [args.data_plane]
     args.sizes_mib = args.sizes_mib or ([4] if quick else [4, 64])
     args.reps = args.reps or (3 if quick else 7)
     args.steps = args.steps or (10 if quick else 100)
@@ -601,12 +642,15 @@ def parse_job(text: str) -> Job:
 
 
 def trust_variants(args: argparse.Namespace, env: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
-    """(suffix, environment) of each way to run a PS job: plain, then (``--trust``) with a job token."""
+    """(suffix, environment) of each way to run a PS job: plain, then (``--trust``) with a job token; each
+    with every ``--data-plane`` mode (the first unmarked, ``auto`` after ``off`` marked ``+shm``)."""
     plain = {k: v for k, v in env.items() if not k.startswith(("FLOTILLA_JOB_TOKEN", "FLOTILLA_TLS_"))}
     out = [("", plain)]
     if args.trust:
         out.append((" +token", {**plain, "FLOTILLA_JOB_TOKEN": os.urandom(32).hex()}))
-    return out
+    modes = args.data_plane
+    return [(suffix + (DP_SUFFIX if mode == "auto" and len(modes) > 1 else ""), {**e, "FLAGS_rpc_data_plane": mode})
+            for suffix, e in out for mode in modes]
 
 
 def paddle_version(python: str) -> str | None:
@@ -630,7 +674,26 @@ def reference(rows: list[dict[str, Any]], job: str) -> tuple[float, str]:
     return REFERENCE_PER_TRAINER, "last measured, not this run"
 
 
+def print_data_plane(rows: list[dict[str, Any]]) -> None:
+    """Each PS job with the data plane off against auto (``--data-plane both``), same run."""
+    by_name = {r["job"]: r for r in rows}
+    pairs = [(by_name[r["job"].replace(DP_SUFFIX, "")], r) for r in rows
+             if DP_SUFFIX in r["job"] and r["job"].replace(DP_SUFFIX, "") in by_name]
+    if not pairs:
+        return
+    print()
+    print("(f) data plane: FLAGS_rpc_data_plane=off (gRPC) against auto (shared memory on this host), same run")
+    print(f"{'job':<24} {'per tr. off':>12} {'per tr. auto':>13} {'ratio':>6} {'CPU ms/1k off':>14} "
+          f"{'CPU ms/1k auto':>15} {'ratio':>6}")
+    for off, auto in pairs:
+        co, ca = off.get("cpu_ms_per_kex"), auto.get("cpu_ms_per_kex")
+        cpu = f"{co:14.1f} {ca:15.1f} {ca / co:6.2f}" if co and ca else f"{'-':>14} {'-':>15} {'-':>6}"
+        print(f"{off['job']:<24} {off['per_trainer']:12,.0f} {auto['per_trainer']:13,.0f} "
+              f"{auto['per_trainer'] / off['per_trainer']:6.2f} {cpu}")
+
+
 def print_trust(rows: list[dict[str, Any]]) -> None:
+    rows = [r for r in rows if DP_SUFFIX not in r["job"]]
     plain = {r["job"]: r for r in rows if "+" not in r["job"]}
     lines = []
     for r in rows:
@@ -654,19 +717,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     variants = trust_variants(args, env)
     paddle = paddle_version(args.paddle_python) if args.vs_paddle else None
     load_before = os.getloadavg()
+    segments_before = set(leftover_segments())
     note = " (--quick: a smoke run; its figures are not comparable with a full run)" if args.quick else ""
     print(f"ps_bench: {os.cpu_count()} cores; table {args.table_rows:,} x 16, batch {args.batch_size}, "
           f"{args.warmup} warm-up + {args.steps} timed steps a trainer, ids {args.id_dist}{note}", flush=True)
     tcp: dict[int, dict[str, float]] = {}
-    grpc_: dict[int, dict[str, float]] = {}
+    by_mode: dict[str, dict[int, dict[str, float]]] = {}
     with tempfile.TemporaryDirectory(prefix="ps_bench_") as tmpdir:
         tmp = pathlib.Path(tmpdir)
         if not args.skip_transport:
             procs = Procs(tmp, env)
             try:
-                tcp, grpc_ = bench_transport(procs, args.sizes_mib, args.reps)
-                print("transport: " + ", ".join(f"{m} MiB {d} TCP {tcp[m][d]:.2f} gRPC {grpc_[m][d]:.2f} GB/s"
-                                                for m in tcp for d in ("send", "get")), flush=True)
+                tcp, by_mode = bench_transport(procs, args.sizes_mib, args.reps, args.data_plane)
+                print("transport: " + ", ".join(
+                    f"{m} MiB {d} TCP {tcp[m][d]:.2f} "
+                    + " ".join(f"{DP_LABEL[k]} {v[m][d]:.2f}" for k, v in by_mode.items()) + " GB/s"
+                    for m in tcp for d in ("send", "get")), flush=True)
             finally:
                 procs.kill()
         rows = []
@@ -696,17 +762,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                  hint="namespaces need root and iproute2; drop --hosts/--netns") from e
     local = rows[0]["total"]
     if tcp:
-        print_transport(tcp, grpc_)
+        print_transport(tcp, by_mode)
     print_jobs(rows, local, paddle)
     for name, why in paddle_failures.items():
         print(f"  {name}: Paddle's run failed ({why}); see its log")
     print_trust(rows)
     print_cross_host(rows)
-    print_summary(tcp, grpc_, rows, local, paddle)
+    print_data_plane(rows)
+    print_summary(tcp, by_mode, rows, local, paddle, rows[0].get("cpu_ms_per_kex"))
     load_after = os.getloadavg()
+    left = sorted(set(leftover_segments()) - segments_before)
+    if left:
+        print(f"data plane: {len(left)} segment file(s) left in /dev/shm: {left[:3]}")
     print(f"load average (1/5/15 min): {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f} before, "
           f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} after{note}")
-    result = {"transport": {"tcp": tcp, "grpc": grpc_}, "jobs": rows, "local_examples_per_s": local,
+    result = {"transport": {"tcp": tcp, "grpc": by_mode.get("off", {}), "shm": by_mode.get("auto", {})},
+              "jobs": rows, "local_examples_per_s": local,
               "reference_per_trainer": REFERENCE_PER_TRAINER, "paddle": paddle, "paddle_failures": paddle_failures,
               "load_average": {"before": load_before, "after": load_after},
               "config": {k: v for k, v in vars(args).items() if k != "json"}}

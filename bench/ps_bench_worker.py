@@ -17,7 +17,8 @@ reads what each one writes to ``--out`` (JSON). Roles:
   untimed steps, then ``--steps`` timed ones, and writes its examples/s, the time window (``time.time``,
   so windows of several processes compare), the losses, and the bytes its gRPC calls carried per step
   (``RPCClient._call`` is wrapped in this process only: the length of every request plus its reply, by
-  method, and the rows of every selected-rows gradient it sent) next to the theoretical minimum.
+  method, and the rows of every selected-rows gradient it sent; with the data plane, the batches it moved
+  through shared memory too) next to the theoretical minimum.
 - ``local``: the same model, table not distributed, trained in this one process (the baseline).
 
 Invariants: every batch comes from ``make_batches`` seeded by the trainer id, so a run is reproducible;
@@ -243,6 +244,34 @@ class WireCounter:
             return reply
 
         client_mod.RPCClient._call = counted  # type: ignore[method-assign]
+
+        # The data plane (runtime.rpc.shm) moves large batches through shared memory: counted by what they
+        # carry, so a job's bytes per step compare across FLAGS_rpc_data_plane (the gRPC reference is small).
+        send_shm: Callable[..., bool] = client_mod.RPCClient._send_shm
+        get_shm: Callable[..., Any] = client_mod.RPCClient._get_shm
+
+        def counted_send(self: Any, endpoint: str, messages: list[tuple[str, tuple[list[Any], int]]]) -> bool:
+            done = send_shm(self, endpoint, messages)
+            if done:
+                headers = [(pb.VariableMessage.FromString(bytes(parts[0])), total) for _, (parts, total) in messages]
+                with counter.lock:
+                    counter.bytes["send"] = counter.bytes.get("send", 0) + sum(total for _, total in headers)
+                    for header, total in headers:
+                        if header.type == pb.SELECTED_ROWS:
+                            counter.sparse_rows += int(header.dims[0])
+                            counter.sparse_bytes += total
+            return done
+
+        def counted_get(self: Any, endpoint: str, names: list[str]) -> Any:
+            values = get_shm(self, endpoint, names)
+            if values is not None:
+                with counter.lock:
+                    counter.bytes["get"] = counter.bytes.get("get", 0) + sum(
+                        getattr(v, "nbytes", 0) + len(n) for n, v in zip(names, values))
+            return values
+
+        client_mod.RPCClient._send_shm = counted_send  # type: ignore[method-assign]
+        client_mod.RPCClient._get_shm = counted_get  # type: ignore[method-assign]
 
 
 def _train(args: argparse.Namespace, distributed: bool) -> dict[str, Any]:

@@ -12,6 +12,11 @@ hot path), validated, and handed on in explicit objects.
 ``FLAGS_pserver_check_finite``  1: a pserver refuses gradients holding NaN or Inf; 0: no check (1)
 ``FLAGS_rpc_tune_malloc``      1: a process that talks to pservers (or is one) keeps large freed buffers for
                                 reuse instead of page-faulting fresh ones per message (runtime.malloc) (1)
+``FLAGS_rpc_data_plane``        off: every tensor travels on gRPC; auto: a trainer on its pserver's host moves
+                                large batches through shared memory, gRPC carrying only signed references
+                                (runtime.rpc.shm) (auto)
+``FLAGS_rpc_data_plane_min_bytes``  bytes from which a batch (send) or a variable (fetch) takes the data
+                                plane (262144)
 ``FLAGS_communicator_max_staleness``  async mode: how many steps a trainer's parameters may lag its own
                                 sends (1). Each step's sends and the next parameter pull run in the
                                 background while the trainer computes; at step s the parameters reflect
@@ -50,7 +55,8 @@ from typing import Mapping
 from ir.errors import FlotillaError
 
 DEFAULTS = {"FLAGS_rpc_deadline": 180_000, "FLAGS_rpc_retry_times": 3, "FLAGS_pserver_timeout_ms": 120_000,
-            "FLAGS_communicator_max_staleness": 1, "FLAGS_rpc_wait_report_ms": 10_000}
+            "FLAGS_communicator_max_staleness": 1, "FLAGS_rpc_wait_report_ms": 10_000,
+            "FLAGS_rpc_data_plane_min_bytes": 256 << 10}
 MINIMUMS = {"FLAGS_communicator_max_staleness": 0}  # every other integer flag is at least 1
 BOOL_DEFAULTS = {"FLAGS_pserver_allow_rejoin": True, "FLAGS_pserver_check_finite": True, "FLAGS_rpc_tune_malloc": True,
                  "FLOTILLA_INSECURE_PSERVER": False}
@@ -83,6 +89,21 @@ def flag(name: str, environ: Mapping[str, str] | None = None) -> int:
     if value < least:
         raise FlagError(f"{name}={value} must be at least {least}", hint=f"unset it for the default {DEFAULTS[name]}")
     return value
+
+
+DATA_PLANE_MODES = ("off", "auto")
+
+
+def data_plane_mode(environ: Mapping[str, str] | None = None) -> str:
+    """``FLAGS_rpc_data_plane``: ``off`` (pure gRPC) or ``auto`` (shared memory with a pserver on this host,
+    ``runtime.rpc.shm``); auto when unset."""
+    env = os.environ if environ is None else environ
+    raw = (env.get("FLAGS_rpc_data_plane") or "auto").strip().lower()
+    if raw not in DATA_PLANE_MODES:
+        raise FlagError(f"FLAGS_rpc_data_plane={raw!r} is not one of {list(DATA_PLANE_MODES)}",
+                        hint="off: every tensor on gRPC; auto (the default): shared memory when trainer and pserver "
+                             "share a host")
+    return raw
 
 
 def bool_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:

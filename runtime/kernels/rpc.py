@@ -409,7 +409,7 @@ def max_message_bytes(program: Program) -> int:
 def listen_and_serv(ctx: Any, op: Operator) -> None:
     """Serve until every trainer has completed (then return) or the pserver fails (then raise)."""
     from runtime import io
-    from runtime.flags import bool_flag, checkpoint_root, rpc_security
+    from runtime.flags import bool_flag, checkpoint_root, data_plane_mode, rpc_security
     from runtime.rpc.pserver import PServer, PServerError
     from runtime.rpc.server import start_server
 
@@ -428,7 +428,7 @@ def listen_and_serv(ctx: Any, op: Operator) -> None:
                       check_finite=bool_flag("FLAGS_pserver_check_finite"),
                       authenticated=security.authenticates_clients)
     endpoint = op.attr("endpoint")
-    server = start_server(pserver, endpoint, max_message_bytes(ctx.program), security)
+    server = start_server(pserver, endpoint, max_message_bytes(ctx.program), security, data_plane_mode())
     mode = "sync" if pserver.config.sync_mode else "async"
     trust = ("token" if security.token else "no token") + (", TLS" if security.server_tls else "") + \
         (" (mutual)" if security.server_tls and security.ca else "")
@@ -440,6 +440,7 @@ def listen_and_serv(ctx: Any, op: Operator) -> None:
         raise ExecutionError(str(e.message), hint=e.hint) from None
     finally:
         server.stop(grace=1.0).wait(5.0)
+        pserver.close()
     print(f"pserver {pserver.config.pserver_id}: every trainer completed after {pserver.steps_run} updates; exiting",
           file=sys.stderr, flush=True)
 

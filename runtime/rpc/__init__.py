@@ -1,5 +1,6 @@
 """The parameter-server runtime over gRPC: the wire format (``wire``), the pure pserver state
-(``pserver``), the gRPC servicer and server (``server``), and the trainer's client (``client``).
+(``pserver``), the gRPC servicer and server (``server``), the trainer's client (``client``), chunked
+streams (``stream``) and the same-host shared-memory data plane beside gRPC (``shm``).
 
 ``send_recv.proto`` is the protocol; ``send_recv_pb2*.py`` are generated from it by
 ``scripts/gen_proto.py`` and checked in.

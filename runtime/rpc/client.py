@@ -33,10 +33,19 @@ pservers answer the step the trainer joins at; it becomes ``step``. Sends, barri
 CheckpointNotify carry the incarnation. Trust: with a job token every call carries it as
 ``authorization: Bearer <token>`` metadata; with a CA the channels are TLS (mutual when this process
 has a certificate and key). Settings come from ``runtime.flags.rpc_security`` unless given.
+
+Data plane (``runtime.rpc.shm``; ``FLAGS_rpc_data_plane``, read when the client is made): with ``auto``
+the first large transfer to a pserver asks it for a shared-memory segment; a pserver on this host
+creates one and from then on a batch of at least ``FLAGS_rpc_data_plane_min_bytes`` (256 KiB: the large
+gradients of a flush; the parameters of a fetch this client has seen at that size) travels through
+segments, the gRPC call carrying only a signed reference. A pserver on another host, one with the data plane off, or a
+segment that cannot be mapped leaves that pserver on gRPC for good; a full ring (every segment still
+holding values the trainer uses) sends that one transfer through gRPC.
 """
 from __future__ import annotations
 
 import collections
+import os
 import secrets
 import sys
 import threading
@@ -47,12 +56,15 @@ from typing import Any, Callable, Iterable, Sequence
 import grpc
 
 from ir.errors import FlotillaError
-from runtime.flags import RPCSecurity, flag, rpc_security
 from runtime import malloc
+from runtime.flags import RPCSecurity, data_plane_mode, flag, rpc_security
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.server import SERVICE, grpc_options
+from runtime.rpc.shm import (HEADER_BYTES, MAX_SEGMENTS, Segment, ShmError, TrainerPlane,
+                             host_id, open_segment, write_batch)
 from runtime.rpc.stream import STREAM_THRESHOLD, ReceiveBuffers, get_chunked, send_chunked
-from runtime.rpc.wire import decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
+from runtime.rpc.wire import BATCH_FIELD, _varint, decode_batch, decode_variable, encode_batch, encode_parts, \
+    encode_variable
 
 DEFAULT_MAX_MESSAGE = 1 << 30
 _RETRY_BACKOFF = (0.1, 0.3, 1.0)
@@ -96,7 +108,8 @@ class _Endpoint:
 
         self.calls = {name: method(name) for name in ("SendVariable", "GetVariable", "PrefetchVariable", "Barrier",
                                                       "Complete", "CheckpointNotify", "Health",
-                                                      "Announce", "SendVariables", "GetVariables")}
+                                                      "Announce", "SendVariables", "GetVariables", "ShmOpen",
+                                                      "ShmSend", "ShmGet")}
         self.calls["SendVariableStream"] = self.channel.stream_unary(
             f"/{SERVICE}/SendVariableStream", request_serializer=_identity, response_deserializer=_identity)
         self.calls["GetVariableStream"] = self.channel.unary_stream(
@@ -109,7 +122,7 @@ class RPCClient:
 
     def __init__(self, trainer_id: int, *, deadline: float | None = None, retries: int | None = None,
                  max_message: int = DEFAULT_MAX_MESSAGE, security: RPCSecurity | None = None,
-                 incarnation: int | None = None) -> None:
+                 incarnation: int | None = None, data_plane: str | None = None) -> None:
         self.trainer_id = trainer_id
         self.security = security if security is not None else rpc_security()
         self._metadata = (("authorization", f"Bearer {self.security.token}"),) if self.security.token else None
@@ -133,6 +146,11 @@ class RPCClient:
         self._puller = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"trainer{trainer_id}-pull")
         self._lock = threading.Lock()
         self._closed = False
+        self.data_plane = data_plane if data_plane is not None else data_plane_mode()
+        self._host = host_id() if self.data_plane == "auto" else ""
+        self._planes: dict[str, TrainerPlane] = {}  # endpoint -> its shared-memory segments
+        # bytes of a batch (send) or a variable (get) from which it goes through shared memory
+        self.shm_threshold = flag("FLAGS_rpc_data_plane_min_bytes")
         malloc.tune()
 
     # --- connections
@@ -268,12 +286,17 @@ class RPCClient:
         chunked stream, the rest as one SendVariables (or SendVariable when alone)."""
         small: list[tuple[str, tuple[list[Any], int]]] = []
         large: list[tuple[str, tuple[list[Any], int]]] = []
+        shm: list[tuple[str, tuple[list[Any], int]]] = []
         for name, value, seq, step in entries:
             msg = encode_parts(name, value, trainer_id=self.trainer_id, step=step, seq=seq,
                                incarnation=self.incarnation)
-            (large if msg[1] >= STREAM_THRESHOLD else small).append((name, msg))
+            (shm if msg[1] >= self.shm_threshold and self.data_plane == "auto" else
+             large if msg[1] >= STREAM_THRESHOLD else small).append((name, msg))
         if before is not None:
             futures.wait([before])  # its error, if any, is reported by whoever waits for it
+        if shm and not self._send_shm(endpoint, shm):
+            for name, msg in shm:
+                (large if msg[1] >= STREAM_THRESHOLD else small).append((name, msg))
         for name, (parts, total) in large:
             self._retried(endpoint, "SendVariableStream", f"of {name!r}",
                           lambda call, timeout, parts=parts, total=total: send_chunked(
@@ -285,6 +308,14 @@ class RPCClient:
             self._call(endpoint, "SendVariables", encode_batch([m for _, m in small]), f"of {[n for n, _ in small]}")
 
     def wait_sends(self) -> None:
+        if len(self._outbox) == 1 and all(f.done() for f in self._pending):
+            # one pserver's queue and nothing in flight: sent from this thread, without a hop to the pool
+            (endpoint, entries), = self._outbox.items()
+            self._outbox = {}
+            pending, self._pending = self._pending, []
+            _wait_all(pending)
+            self._send_entries(endpoint, entries, None)
+            return
         self.flush()
         pending, self._pending = self._pending, []
         _wait_all(pending)
@@ -300,11 +331,21 @@ class RPCClient:
         variable this client has seen at ``STREAM_THRESHOLD`` bytes or more; every call in flight at once."""
         by_endpoint: dict[str, list[int]] = {}
         streamed: list[int] = []
+        shm: dict[str, list[int]] = {}
         for i, (ep, name) in enumerate(requests):
-            if self._sizes.get(name, 0) >= STREAM_THRESHOLD:
+            size = self._sizes.get(name, 0)
+            if size >= self.shm_threshold and self._plane(ep) is not None:
+                shm.setdefault(ep, []).append(i)
+            elif size >= STREAM_THRESHOLD:
                 streamed.append(i)
             else:
                 by_endpoint.setdefault(ep, []).append(i)
+        values: list[Any] = [None] * len(requests)
+        if len(shm) == 1 and not streamed and not by_endpoint:  # one fetch: no hop to the pool
+            (ep, idx), = shm.items()
+            got = self._get_shm(ep, [requests[i][1] for i in idx])
+            return got if got is not None else [self._get_one(ep, requests[i][1]) for i in idx]
+        shm_jobs = {ep: self._pool.submit(self._get_shm, ep, [requests[i][1] for i in idx]) for ep, idx in shm.items()}
         stream_jobs = [self._pool.submit(self._get_streamed, *requests[i]) for i in streamed]
         jobs = []
         for ep, idx in by_endpoint.items():
@@ -315,7 +356,6 @@ class RPCClient:
             else:
                 req = pb.GetVariablesRequest(names=names, trainer_id=self.trainer_id, step=self.step)
                 jobs.append((ep, "GetVariables", req.SerializeToString(), f"of {names}"))
-        values: list[Any] = [None] * len(requests)
         for (ep, idx), (_, method, _, what), raw in zip(by_endpoint.items(), jobs, self._all(jobs)):
             decoded = [decode_variable(raw)] if method == "GetVariable" else decode_batch(raw)
             names = [requests[i][1] for i in idx]
@@ -327,7 +367,124 @@ class RPCClient:
                 self._sizes[d.name] = d.value.nbytes if hasattr(d.value, "nbytes") else 0
         for i, fut in zip(streamed, stream_jobs):
             values[i] = fut.result()
+        for ep, job in shm_jobs.items():
+            got = job.result()
+            for k, i in enumerate(shm[ep]):  # None: no free segment or no room; those take gRPC (rare)
+                values[i] = got[k] if got is not None else self._get_one(ep, requests[i][1])
         return values
+
+    def _get_one(self, endpoint: str, name: str) -> Any:
+        """One variable through gRPC: streamed when large, else a GetVariable."""
+        if self._sizes.get(name, 0) >= STREAM_THRESHOLD:
+            return self._get_streamed(endpoint, name)
+        req = pb.VariableRequest(name=name, trainer_id=self.trainer_id, step=self.step).SerializeToString()
+        decoded = decode_variable(self._call(endpoint, "GetVariable", req, f"of {name!r}"))
+        if decoded.name != name:
+            raise RPCError(f"trainer {self.trainer_id}: GetVariable of {name!r} from pserver {endpoint} answered "
+                           f"{decoded.name!r}", hint="the pserver runs a different program version")
+        return decoded.value
+
+    # --- the same-host data plane (runtime.rpc.shm)
+    def _plane(self, endpoint: str) -> TrainerPlane | None:
+        """``endpoint``'s segments, unless the data plane is off or that pserver cannot have one."""
+        if self.data_plane != "auto":
+            return None
+        with self._lock:
+            plane = self._planes.get(endpoint)
+            if plane is None:
+                plane = self._planes[endpoint] = TrainerPlane(self.trainer_id, self.incarnation, self.security.token)
+        return None if plane.state is False else plane
+
+    def data_plane_state(self) -> dict[str, str]:
+        """Per pserver this client moved a large tensor with: ``shm`` (its segments are up), ``grpc: <why>``
+        (the data plane is unavailable there) or ``pending`` (not asked yet)."""
+        return {ep: "shm" if p.state else "pending" if p.state is None else f"grpc: {p.reason}"
+                for ep, p in sorted(self._planes.items())}
+
+    def _segment(self, endpoint: str, nbytes: int) -> tuple[TrainerPlane, Segment] | None:
+        """A free segment of ``endpoint`` with room for ``nbytes`` (marked busy; give it back), asking the
+        pserver for a new one when none is free; None: use gRPC for this transfer."""
+        plane = self._plane(endpoint)
+        if plane is None:
+            return None
+        seg = plane.take(nbytes)
+        if seg is not None:
+            return plane, seg
+        with plane.lock:
+            if len(plane.segments) >= MAX_SEGMENTS:
+                return None
+        req = pb.ShmOpenRequest(trainer_id=self.trainer_id, incarnation=self.incarnation, host=self._host,
+                                min_bytes=nbytes).SerializeToString()
+        reply = pb.ShmOpenReply.FromString(self._call(endpoint, "ShmOpen", req, f"of {nbytes} bytes"))
+        if not reply.path:
+            if not reply.later:  # another host, or the data plane off there: gRPC for good
+                plane.state, plane.reason = False, reply.reason
+            return None
+        try:
+            seg = open_segment(reply)
+        except (OSError, ShmError) as e:  # e.g. a /dev/shm of its own: this pserver stays on gRPC
+            plane.state, plane.reason = False, f"mapping {reply.path} failed: {e}"
+            try:
+                os.unlink(reply.path)
+            except OSError:
+                pass
+            return None
+        if reply.key:
+            plane.key = reply.key
+        plane.state = True
+        plane.add(seg)
+        return plane, seg
+
+    def _send_shm(self, endpoint: str, messages: list[tuple[str, tuple[list[Any], int]]]) -> bool:
+        """Send ``messages`` as one batch through a segment; False when no segment could be had."""
+        total = sum(len(_varint(BATCH_FIELD << 3 | 2)) + len(_varint(n)) + n for _, (_, n) in messages)
+        got = self._segment(endpoint, total)
+        if got is None:
+            return False
+        plane, seg = got
+        try:
+            length = write_batch(seg.view(HEADER_BYTES, seg.size - HEADER_BYTES), [m for _, m in messages])
+            self._retried(endpoint, "ShmSend", f"of {[n for n, _ in messages]}",
+                          lambda call, timeout: call(plane.sign(b"send", seg, length, plane.next_seq())
+                                                     .SerializeToString(), timeout=timeout, metadata=self._metadata))
+        finally:
+            plane.give_back(seg)
+        return True
+
+    def _get_shm(self, endpoint: str, names: list[str]) -> list[Any] | None:
+        """The values of ``names`` fetched into a segment (read-only views of it), or None: use gRPC."""
+        room = sum(self._sizes.get(n, 0) + len(n) + 64 for n in names) + 1024
+        got = self._segment(endpoint, room)
+        if got is None:
+            return None
+        plane, seg = got
+        try:
+            room = seg.size - HEADER_BYTES
+            asked = pb.GetVariablesRequest(names=names, trainer_id=self.trainer_id, step=self.step)
+            slots: list[pb.ShmRef] = []
+
+            def invoke(call: Any, timeout: float) -> bytes:
+                slots.append(plane.sign(b"slot", seg, room, plane.next_seq()))
+                return call(pb.ShmGetRequest(get=asked, slot=slots[-1]).SerializeToString(), timeout=timeout,
+                            metadata=self._metadata)
+
+            try:
+                raw = self._retried(endpoint, "ShmGet", f"of {names}", invoke)
+            except RPCError as e:
+                if e.status == grpc.StatusCode.RESOURCE_EXHAUSTED:  # sizes changed: gRPC knows them
+                    return None
+                raise
+            ref = pb.ShmRef.FromString(raw)
+            plane.check_reply(ref, slots[-1])
+            decoded = decode_batch(seg.view(ref.offset, ref.length).toreadonly())
+        finally:
+            plane.give_back(seg)  # reused once the values decoded from it are gone
+        if [d.name for d in decoded] != names:
+            raise RPCError(f"trainer {self.trainer_id}: ShmGet of {names} from pserver {endpoint} answered "
+                           f"{[d.name for d in decoded]}", hint="the pserver runs a different program version")
+        for d in decoded:
+            self._sizes[d.name] = d.value.nbytes if hasattr(d.value, "nbytes") else 0
+        return [d.value for d in decoded]
 
     def _get_streamed(self, endpoint: str, name: str) -> Any:
         req = pb.VariableRequest(name=name, trainer_id=self.trainer_id, step=self.step).SerializeToString()
@@ -423,6 +580,8 @@ class RPCClient:
             self._puller.shutdown(wait=False)
             for ep in self._endpoints.values():
                 ep.channel.close()
+            for plane in self._planes.values():
+                plane.close()
 
     def _check_open(self) -> None:
         if self._closed:

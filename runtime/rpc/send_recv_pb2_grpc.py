@@ -94,6 +94,21 @@ class ParameterServerStub:
                 request_serializer=runtime_dot_rpc_dot_send__recv__pb2.VariableRequest.SerializeToString,
                 response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.Chunk.FromString,
                 _registered_method=True)
+        self.ShmOpen = channel.unary_unary(
+                '/flotilla.rpc.ParameterServer/ShmOpen',
+                request_serializer=runtime_dot_rpc_dot_send__recv__pb2.ShmOpenRequest.SerializeToString,
+                response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.ShmOpenReply.FromString,
+                _registered_method=True)
+        self.ShmSend = channel.unary_unary(
+                '/flotilla.rpc.ParameterServer/ShmSend',
+                request_serializer=runtime_dot_rpc_dot_send__recv__pb2.ShmRef.SerializeToString,
+                response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.Reply.FromString,
+                _registered_method=True)
+        self.ShmGet = channel.unary_unary(
+                '/flotilla.rpc.ParameterServer/ShmGet',
+                request_serializer=runtime_dot_rpc_dot_send__recv__pb2.ShmGetRequest.SerializeToString,
+                response_deserializer=runtime_dot_rpc_dot_send__recv__pb2.ShmRef.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -171,6 +186,24 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ShmOpen(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShmSend(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShmGet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -233,6 +266,21 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.GetVariableStream,
                     request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.VariableRequest.FromString,
                     response_serializer=runtime_dot_rpc_dot_send__recv__pb2.Chunk.SerializeToString,
+            ),
+            'ShmOpen': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShmOpen,
+                    request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.ShmOpenRequest.FromString,
+                    response_serializer=runtime_dot_rpc_dot_send__recv__pb2.ShmOpenReply.SerializeToString,
+            ),
+            'ShmSend': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShmSend,
+                    request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.ShmRef.FromString,
+                    response_serializer=runtime_dot_rpc_dot_send__recv__pb2.Reply.SerializeToString,
+            ),
+            'ShmGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShmGet,
+                    request_deserializer=runtime_dot_rpc_dot_send__recv__pb2.ShmGetRequest.FromString,
+                    response_serializer=runtime_dot_rpc_dot_send__recv__pb2.ShmRef.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -559,6 +607,87 @@ class ParameterServer:
             '/flotilla.rpc.ParameterServer/GetVariableStream',
             runtime_dot_rpc_dot_send__recv__pb2.VariableRequest.SerializeToString,
             runtime_dot_rpc_dot_send__recv__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShmOpen(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flotilla.rpc.ParameterServer/ShmOpen',
+            runtime_dot_rpc_dot_send__recv__pb2.ShmOpenRequest.SerializeToString,
+            runtime_dot_rpc_dot_send__recv__pb2.ShmOpenReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShmSend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flotilla.rpc.ParameterServer/ShmSend',
+            runtime_dot_rpc_dot_send__recv__pb2.ShmRef.SerializeToString,
+            runtime_dot_rpc_dot_send__recv__pb2.Reply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShmGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flotilla.rpc.ParameterServer/ShmGet',
+            runtime_dot_rpc_dot_send__recv__pb2.ShmGetRequest.SerializeToString,
+            runtime_dot_rpc_dot_send__recv__pb2.ShmRef.FromString,
             options,
             channel_credentials,
             insecure,

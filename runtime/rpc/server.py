@@ -8,6 +8,13 @@ GetVariableStream move large variables as streams of Chunks (``runtime.rpc.strea
 the token is checked before any chunk is read, a stream's announced length is bounded by the same message
 limit as a unary call, and a truncated, over-long or garbage stream is INVALID_ARGUMENT.
 
+The same-host data plane (``runtime.rpc.shm``): ShmOpen, ShmSend and ShmGet run under the same guard. The
+servicer checks a reference completely (HMAC, incarnation, segment, range, sequence number) before it reads a
+byte of shared memory, copies a sent batch out of the segment before it decodes it (the trainer reuses the
+segment once the call returns), and writes a fetched batch straight into the trainer's slot (one copy of each
+value, under the pserver's read locks); the decoded batch then goes through exactly the checks of
+SendVariables / GetVariables. ``start_server(..., data_plane="off")`` answers every ShmOpen with no segment.
+
 Server options: message limits from the largest variable the program moves (at least 4 MiB),
 ``grpc.so_reuseport`` off (binding a taken port fails instead of sharing it), no HTTP proxy, keepalive
 pings allowed every 10 s. The handler pool has room for a blocked barrier per trainer plus the sends and
@@ -39,6 +46,7 @@ from runtime.flags import INSECURE_ENV, TOKEN_ENV, FlagError, RPCSecurity
 from runtime import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
+from runtime.rpc.shm import BatchWriter, PServerPlane, ShmError, copy_out
 from runtime.rpc.stream import ReceiveBuffers, encode_chunks
 from runtime.role import parse_endpoint
 from runtime.rpc.wire import WireError, decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
@@ -70,11 +78,15 @@ def _parse(message_cls: Any, raw: bytes) -> Any:
 class ParameterServerService:
     """The handlers; each returns response bytes or aborts the call with a status and a message."""
 
-    def __init__(self, pserver: PServer, token: str | None = None, max_message: int = MIN_MESSAGE) -> None:
+    def __init__(self, pserver: PServer, token: str | None = None, max_message: int = MIN_MESSAGE,
+                 data_plane: PServerPlane | None = None) -> None:
         self.pserver = pserver
         self._expected = f"Bearer {token}".encode("utf-8") if token else None
         self.max_message = max(MIN_MESSAGE, int(max_message))  # streams obey the unary calls' limit
         self.buffers = ReceiveBuffers()
+        # Without one (a servicer made by hand): a data plane that answers every ShmOpen with no segment.
+        self.plane = data_plane if data_plane is not None else PServerPlane(lambda t: pserver.live_incarnation(t),
+                                                                          token, enabled=False)
 
     def _authenticated(self, context: grpc.ServicerContext) -> bool:
         if self._expected is None:
@@ -102,6 +114,8 @@ class ParameterServerService:
             context.abort(getattr(grpc.StatusCode, e.status.value), str(e))
         except WireError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except ShmError as e:
+            context.abort(getattr(grpc.StatusCode, e.status), f"pserver {self.pserver.config.endpoint}: {e}")
         except grpc.RpcError:  # a request stream broke off: the client cancelled or its deadline passed
             context.abort(grpc.StatusCode.CANCELLED, "the request stream ended abnormally; nothing was done")
         except Exception as e:  # noqa: BLE001 - a bug must not take the server down
@@ -141,15 +155,7 @@ class ParameterServerService:
 
     def get_variables(self, raw: bytes) -> bytes:
         req = _parse(pb.GetVariablesRequest, raw)
-        if not req.names:
-            raise WireError("GetVariables names no variable", hint="list the parameter blocks to fetch")
-        names = list(req.names)
-        if len(set(names)) != len(names):
-            twice = sorted(n for n, k in collections.Counter(names).items() if k > 1)
-            raise PServerError(Status.INVALID_ARGUMENT,
-                               f"GetVariables names {twice[:5]} more than once ({len(names)} names, "
-                               f"{len(set(names))} distinct); refused before building the reply",
-                               hint="name each variable once per request")
+        names = self._get_names(req)
         # Sync mode: nothing changes a parameter before this trainer's FETCH barrier, so the batch is built
         # from views (one copy); async: each value is copied under its writer's lock (see PServer.get_many).
         encode = encode_parts if self.pserver.config.sync_mode else encode_variable
@@ -168,6 +174,60 @@ class ParameterServerService:
         """GetVariable answered as Chunks, all made (the value copied) under the pserver's read locks."""
         req = _parse(pb.VariableRequest, raw)
         return self.pserver.get_encoded(req.trainer_id, req.name, encode_chunks)
+
+    # --- the same-host data plane (runtime.rpc.shm): gRPC carries references, shared memory the bytes
+    def shm_open(self, raw: bytes) -> bytes:
+        req = _parse(pb.ShmOpenRequest, raw)
+        trainers = self.pserver.config.trainers
+        if not 0 <= req.trainer_id < trainers:
+            raise PServerError(Status.INVALID_ARGUMENT, f"ShmOpen: trainer_id {req.trainer_id} is out of range; this "
+                               f"pserver serves {trainers} trainers (ids 0..{trainers - 1})")
+        return self.plane.open(req).SerializeToString()
+
+    def shm_send(self, raw: bytes) -> bytes:
+        """SendVariables whose batch lies in shared memory: checked reference, copied out, then as gRPC's."""
+        ref = _parse(pb.ShmRef, raw)
+        _, view = self.plane.resolve(ref, b"send")
+        # the trainer reuses the segment once this call returns: the values are copied out (checked finite
+        # on the way), and what is validated and kept is the copy
+        msgs = [copy_out(d, self.buffers) for d in decode_batch(view)]
+        del view
+        if not msgs:
+            raise WireError("ShmSend carries no variable", hint="send at least one gradient in a batch")
+        for m in msgs:
+            if (m.header.trainer_id, m.header.incarnation) != (ref.trainer_id, ref.incarnation):
+                raise ShmError(f"ShmSend of trainer {ref.trainer_id} (incarnation {ref.incarnation:#x}) carries "
+                               f"{m.name!r} of trainer {m.header.trainer_id} (incarnation {m.header.incarnation:#x})",
+                               hint="a trainer sends only its own gradients through its own segments")
+        self.pserver.send_batch(msgs)
+        return _REPLY
+
+    def shm_get(self, raw: bytes) -> bytes:
+        """GetVariables answered into the trainer's slot (one copy of each value, into shared memory)."""
+        req = _parse(pb.ShmGetRequest, raw)
+        names = self._get_names(req.get)
+        if req.get.trainer_id != req.slot.trainer_id:
+            raise ShmError(f"ShmGet of trainer {req.get.trainer_id} names a slot of trainer {req.slot.trainer_id}")
+        _, view = self.plane.resolve(req.slot, b"slot")
+        writer = BatchWriter(view)
+
+        def encode(name: str, value: Any) -> None:
+            writer.put_parts(*encode_parts(name, value))
+
+        self.pserver.get_many(req.get.trainer_id, names, encode, max_bytes=len(view))
+        return self.plane.reply(req.slot, writer.pos).SerializeToString()
+
+    def _get_names(self, req: pb.GetVariablesRequest) -> list[str]:
+        if not req.names:
+            raise WireError("GetVariables names no variable", hint="list the parameter blocks to fetch")
+        names = list(req.names)
+        if len(set(names)) != len(names):
+            twice = sorted(n for n, k in collections.Counter(names).items() if k > 1)
+            raise PServerError(Status.INVALID_ARGUMENT,
+                               f"GetVariables names {twice[:5]} more than once ({len(names)} names, "
+                               f"{len(set(names))} distinct); refused before building the reply",
+                               hint="name each variable once per request")
+        return names
 
     def prefetch_variable(self, raw: bytes) -> bytes:
         return self.pserver.prefetch(decode_variable(raw))
@@ -206,7 +266,8 @@ class ParameterServerService:
         methods = {"SendVariable": self.send_variable, "GetVariable": self.get_variable,
                    "PrefetchVariable": self.prefetch_variable, "Barrier": self.barrier, "Complete": self.complete,
                    "CheckpointNotify": self.checkpoint_notify, "Health": self.health, "Announce": self.announce,
-                   "SendVariables": self.send_variables, "GetVariables": self.get_variables}
+                   "SendVariables": self.send_variables, "GetVariables": self.get_variables,
+                   "ShmOpen": self.shm_open, "ShmSend": self.shm_send, "ShmGet": self.shm_get}
         handlers = {name: grpc.unary_unary_rpc_method_handler(self._guard(fn)) for name, fn in methods.items()}
         handlers["SendVariableStream"] = grpc.stream_unary_rpc_method_handler(self._guard(self.send_variable_stream))
         handlers["GetVariableStream"] = grpc.unary_stream_rpc_method_handler(
@@ -259,10 +320,12 @@ def check_exposure(endpoint: str, security: RPCSecurity) -> str | None:
 
 
 def start_server(pserver: PServer, endpoint: str, max_message: int,
-                 security: RPCSecurity | None = None) -> grpc.Server:
+                 security: RPCSecurity | None = None, data_plane: str = "auto") -> grpc.Server:
     """Bind ``endpoint`` and start serving ``pserver``; raises ExecutionError if the port cannot be bound.
     ``security`` (default: none) gives the job token and TLS settings; without authentication only a
-    loopback endpoint is served unless ``security.insecure`` (``check_exposure``)."""
+    loopback endpoint is served unless ``security.insecure`` (``check_exposure``). ``data_plane``
+    (``FLAGS_rpc_data_plane``): ``auto`` offers shared-memory segments to trainers on this host, ``off``
+    refuses them. ``pserver.close()`` (after stopping the server) removes the segments."""
     security = security or RPCSecurity()
     warning = check_exposure(endpoint, security)
     if warning is not None:
@@ -271,7 +334,12 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
     workers = 16 + 4 * pserver.config.trainers
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pserver"),
                          options=grpc_options(max_message))
-    server.add_generic_rpc_handlers((ParameterServerService(pserver, security.token, max_message).generic_handler(),))
+    plane = PServerPlane(pserver.live_incarnation, security.token, endpoint=endpoint, enabled=data_plane == "auto")
+    pserver.incarnation_listeners.append(plane.sync_incarnation)
+    pserver.closers.append(plane.close)
+    pserver.data_plane = plane
+    service = ParameterServerService(pserver, security.token, max_message, data_plane=plane)
+    server.add_generic_rpc_handlers((service.generic_handler(),))
     creds = server_credentials(security)
     try:
         port = server.add_secure_port(endpoint, creds) if creds is not None else server.add_insecure_port(endpoint)

@@ -253,6 +253,20 @@ class ReceiveBuffers:
         return out[:total].toreadonly()
 
 
+    def take(self, nbytes: int) -> np.ndarray:
+        """A pooled uint8 buffer of at least ``nbytes`` that nothing else refers to (the ownership rule:
+        it is handed out again once every view of it is gone)."""
+        return self._take(nbytes)
+
+    def copy(self, data: memoryview) -> memoryview:
+        """``data`` copied into a pooled buffer, as a read-only view (the same ownership rule as ``assemble``):
+        a receiver's copy of bytes it must not keep a view of (the data plane's shared memory)."""
+        n = data.nbytes
+        out = memoryview(self._take(n))
+        out[:n] = data
+        return out[:n].toreadonly()
+
+
 def _refs(buf: np.ndarray) -> int:
     """``buf``'s reference count as seen from a caller that holds it in one list slot and one variable."""
     return sys.getrefcount(buf)

@@ -39,10 +39,13 @@ class WireError(FlotillaError):
 
 @dataclass
 class Decoded:
-    """A received variable: its header fields and its value (numpy array or SelectedRows of numpy)."""
+    """A received variable: its header fields and its value (numpy array or SelectedRows of numpy).
+    ``finite``: the receiver already found every value finite while copying it (the data plane does), so
+    a pserver need not scan it again; False says nothing."""
 
     header: pb.VariableMessage
     value: Any
+    finite: bool = False
 
     @property
     def name(self) -> str:

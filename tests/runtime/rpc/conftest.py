@@ -6,8 +6,9 @@ rate ``LR``. It is transpiled for ``TRAINERS`` trainers and two pservers with ``
 fc_w is sliced into two row blocks of 20; the pserver under test is the first endpoint, which holds
 ``fc_b`` and ``fc_w.block1`` (the second endpoint is never contacted).
 
-Invariants: every server a fixture starts is stopped in its teardown; every PServer a fixture builds
-is failed in teardown, so a barrier still blocked in a helper thread returns; every helper thread is
+Invariants: every server a fixture starts is stopped (and its data-plane segments removed) in its
+teardown; no shared-memory segment file is left in /dev/shm after the session; every PServer a fixture
+builds is failed in teardown, so a barrier still blocked in a helper thread returns; every helper thread is
 joined with a timeout and a test fails if one is still alive.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from runtime.kernels.rpc import max_message_bytes
 from runtime.launch import free_ports
 from runtime.rpc.pserver import PServer, PServerError, Status
 from runtime.rpc.server import start_server
+from runtime.rpc.shm import leftover_segments
 from runtime.rpc.wire import decode_variable, encode_variable
 from runtime.scope import Scope, SelectedRows
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
@@ -187,6 +189,7 @@ class Tracker:
             h.pserver.fail(PServerError(Status.ABORTED, "test teardown"))
             if h.server is not None:
                 h.server.stop(grace=None).wait(5.0)
+            h.pserver.close()
         stuck = []
         for s in self.threads:
             s.thread.join(JOIN_S)
@@ -245,6 +248,16 @@ def build_pserver(sync: bool, *, barrier_timeout: float = 30.0, serve: bool = Fa
     if serve:
         handle.server = start_server(pserver, endpoint, max_message_bytes(program), security)
     return handle
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_segments_left() -> Iterator[None]:
+    """Nothing of the data plane (runtime.rpc.shm) outlives the tests: every segment file that appears in
+    /dev/shm during the session is gone at its end."""
+    before = set(leftover_segments())
+    yield
+    left = sorted(set(leftover_segments()) - before)
+    assert not left, f"data-plane segments left in /dev/shm: {left}"
 
 
 @pytest.fixture

@@ -161,6 +161,8 @@ def main() -> int:
     save(args.out / f"trainer_{role.trainer_id}.npz", scope, names)
     if args.geo:
         np.save(args.out / f"trainer_{role.trainer_id}_loss.npy", np.array([float(np.mean(v)) for v in losses]))
+    state = exe.rpc_session.client(role.trainer_id).data_plane_state()
+    print("data plane: " + (", ".join(f"{ep} {how}" for ep, how in state.items()) or "unused"), flush=True)
     exe.close()
     return 0
 

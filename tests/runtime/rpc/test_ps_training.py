@@ -27,6 +27,27 @@ from tests.runtime.rpc import ps_worker
 REPO = pathlib.Path(__file__).resolve().parents[3]
 WAIT = 90.0
 AUTHENTICATED = {"FLOTILLA_JOB_TOKEN": secrets.token_hex(16)}
+# The jobs of the trust and fault tests run with the data plane off (pure gRPC) and forced on for every
+# tensor (shared memory from 1 byte; runtime/rpc/shm.py): what holds on gRPC must hold on the data plane.
+DATA_PLANE = {"grpc": {"FLAGS_rpc_data_plane": "off"},
+              "shm": {"FLAGS_rpc_data_plane": "auto", "FLAGS_rpc_data_plane_min_bytes": "1"}}
+
+
+@pytest.fixture(params=list(DATA_PLANE))
+def plane(request: pytest.FixtureRequest) -> str:
+    """``grpc`` or ``shm``: the data plane of the test's job (``DATA_PLANE``)."""
+    return request.param
+
+
+def check_plane(c: "Cluster", plane: str, trainers: list[str]) -> None:
+    """Every trainer of ``trainers`` that finished moved its tensors the way ``plane`` says."""
+    for tag in trainers:
+        line = [ln for ln in c.log(tag).splitlines() if ln.startswith("data plane: ")]
+        assert line, c.log(tag)
+        if plane == "shm":
+            assert line[0].count(" shm") == len(c.endpoints), line[0]
+        else:
+            assert line[0] == "data plane: unused", line[0]
 
 
 
@@ -150,14 +171,20 @@ def trained(out: pathlib.Path, model: str, pservers: int, suffix: str = "") -> d
     return params
 
 
-@pytest.mark.parametrize("model,opt,lr", [
-    ("fc", "sgd", "const"), ("fc", "momentum", "const"), ("fc", "adam", "const"), ("fc", "sgd", "exp"),
-    ("table", "sgd", "const"), ("table", "adam", "exp"),
-])
+SYNC_CASES = [("fc", "sgd", "const"), ("fc", "momentum", "const"), ("fc", "adam", "const"), ("fc", "sgd", "exp"),
+              ("table", "sgd", "const"), ("table", "adam", "exp")]
+# every case on gRPC; on the data plane a dense and a sparse one (the transport does not depend on the optimizer)
+SYNC_RUNS = [(*case, "grpc") for case in SYNC_CASES] + [("fc", "adam", "const", "shm"),
+                                                        ("table", "sgd", "const", "shm")]
+
+
+@pytest.mark.parametrize("model,opt,lr,plane", SYNC_RUNS, ids=["-".join(r) for r in SYNC_RUNS])
 def test_sync_training_matches_local(tmp_path: pathlib.Path, clusters: list[Cluster], model: str, opt: str,
-                                     lr: str) -> None:
+                                     lr: str, plane: str) -> None:
     steps = 5  # past the exp rate's first step down (at 3), Adam's bias correction moving every step
-    run_ok(clusters, tmp_path, 2, 2, ["--model", model, "--opt", opt, "--lr", lr, "--steps", str(steps)])
+    c = run_ok(clusters, tmp_path, 2, 2, ["--model", model, "--opt", opt, "--lr", lr, "--steps", str(steps)],
+               env=DATA_PLANE[plane])
+    check_plane(c, plane, ["trainer.0", "trainer.1"])
     init, final = trained(tmp_path, model, 2, "_init"), trained(tmp_path, model, 2)
     other = dict(np.load(tmp_path / "trainer_1.npz"))
     for name in other:
@@ -216,13 +243,14 @@ def _forge(endpoints: list[str], token: str | None) -> list[grpc.StatusCode]:
     return codes
 
 
-@pytest.mark.parametrize("token", [None, "job-secret"], ids=["no-token", "token"])
+@pytest.mark.parametrize("token,plane", [(None, "grpc"), ("job-secret", "grpc"), ("job-secret", "shm")],
+                         ids=["no-token-grpc", "token-grpc", "token-shm"])
 def test_forged_complete_and_sequence_numbers_change_nothing(tmp_path: pathlib.Path, clusters: list[Cluster],
-                                                             token: str | None) -> None:
+                                                             token: str | None, plane: str) -> None:
     """Issue 13 cases 1 and 2 on a live 2x2 job: forged Complete calls cannot end it, a forged huge seq
     cannot make the pservers drop real gradients; the job ends with the parameters of local training."""
     steps = 12
-    env = {"FLOTILLA_JOB_TOKEN": token} if token else {}
+    env = {**({"FLOTILLA_JOB_TOKEN": token} if token else {}), **DATA_PLANE[plane]}
     c = Cluster(tmp_path, 2, 2, ["--steps", str(steps), "--sleep", "0.1"], env=env)
     clusters.append(c)
     end = time.monotonic() + WAIT
@@ -238,24 +266,27 @@ def test_forged_complete_and_sequence_numbers_change_nothing(tmp_path: pathlib.P
     assert c.procs["pserver.0"].poll() is None and c.procs["pserver.1"].poll() is None
     codes = c.wait(fail_fast=True)
     assert all(code == 0 for code in codes.values()), f"exit codes {codes}; logs:\n{c.logs()}"
+    check_plane(c, plane, ["trainer.0", "trainer.1"])
     init, final = trained(tmp_path, "fc", 2, "_init"), trained(tmp_path, "fc", 2)
     for name, value in local_reference("fc", "sgd", "const", init, 2, range(steps)).items():
         np.testing.assert_allclose(final[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
 
 
-def test_restarted_trainer_rejoins_and_nothing_is_lost(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
+def test_restarted_trainer_rejoins_and_nothing_is_lost(tmp_path: pathlib.Path, clusters: list[Cluster],
+                                                       plane: str) -> None:
     """Issue 13 case 4: trainer 1 dies at the start of step 3 and is restarted with the same id; it is
     admitted at step 4 (step 3 averages trainer 0 alone), its sends are applied from its first one, and
     the result is single-process training on exactly the batches that were sent."""
     steps = 10
     c = Cluster(tmp_path, 2, 2, ["--steps", str(steps)], trainer_args={1: ["--die-at", "3"]},
-                env=AUTHENTICATED)  # only an authenticated pserver trusts a second incarnation
+                env={**AUTHENTICATED, **DATA_PLANE[plane]})  # only an authenticated pserver trusts a restart
     clusters.append(c)
     assert c.procs["trainer.1"].wait(timeout=WAIT) == -signal.SIGKILL, c.logs()
     c.restart_trainer(1, ["--steps", str(steps), "--resume"])
     codes = c.wait(fail_fast=True)
     assert all(code == 0 for code in codes.values()), f"exit codes {codes}; logs:\n{c.logs()}"
     assert "trainer 1 resumes at step 4" in c.log("trainer.1.restarted"), c.log("trainer.1.restarted")
+    check_plane(c, plane, ["trainer.0", "trainer.1.restarted"])
     for tag in ("pserver.0", "pserver.1"):
         assert "trainer 1 rejoined as incarnation" in c.log(tag) and "it takes part from step 4" in c.log(tag)
     init, final = trained(tmp_path, "fc", 2, "_init"), trained(tmp_path, "fc", 2)
@@ -265,8 +296,9 @@ def test_restarted_trainer_rejoins_and_nothing_is_lost(tmp_path: pathlib.Path, c
     np.testing.assert_array_equal(dict(np.load(tmp_path / "trainer_1.npz"))["fc_w"], final["fc_w"])
 
 
-def test_dead_trainer_fails_the_pservers_naming_it(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
-    c = Cluster(tmp_path, 2, 2, ["--steps", "10"], env={"FLAGS_pserver_timeout_ms": "4000"},
+def test_dead_trainer_fails_the_pservers_naming_it(tmp_path: pathlib.Path, clusters: list[Cluster],
+                                                   plane: str) -> None:
+    c = Cluster(tmp_path, 2, 2, ["--steps", "10"], env={"FLAGS_pserver_timeout_ms": "4000", **DATA_PLANE[plane]},
                 trainer_args={1: ["--die-at", "3"]})
     clusters.append(c)
     start = time.monotonic()
@@ -279,8 +311,10 @@ def test_dead_trainer_fails_the_pservers_naming_it(tmp_path: pathlib.Path, clust
     assert "trainer(s) [1]" in c.log("trainer.0"), c.log("trainer.0")
 
 
-def test_dead_pserver_fails_the_trainers_naming_it(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
-    c = Cluster(tmp_path, 2, 2, ["--steps", "200", "--sleep", "0.05"], env={"FLAGS_rpc_deadline": "3000"})
+def test_dead_pserver_fails_the_trainers_naming_it(tmp_path: pathlib.Path, clusters: list[Cluster],
+                                                   plane: str) -> None:
+    c = Cluster(tmp_path, 2, 2, ["--steps", "200", "--sleep", "0.05"],
+                env={"FLAGS_rpc_deadline": "3000", **DATA_PLANE[plane]})
     clusters.append(c)
     end = time.monotonic() + WAIT
     while "step 2" not in c.log("trainer.0") and time.monotonic() < end:

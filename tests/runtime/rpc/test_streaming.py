@@ -505,11 +505,12 @@ def test_streams_without_the_job_token_are_unauthenticated(tracker: Tracker) -> 
 
 def test_the_client_streams_large_variables_and_batches_the_rest(tracker: Tracker) -> None:
     """RPCClient end to end: a 4 MiB gradient goes as SendVariableStream beside a SendVariable of the small
-    one; the first get of fc_w learns its size (GetVariables), later ones stream; values are exact."""
+    one; the first get of fc_w learns its size (GetVariables), later ones stream; values are exact. (The
+    gRPC path: with the data plane on, same host, these go through shared memory; test_data_plane.py.)"""
     from runtime.rpc.client import RPCClient
 
     h = big_pserver(tracker)
-    client = RPCClient(1, deadline=10.0, incarnation=inc(1))
+    client = RPCClient(1, deadline=10.0, incarnation=inc(1), data_plane="off")
     calls: list[str] = []
     original = client._retried
 

@@ -1,0 +1,524 @@
+"""The same-host data plane: large batches of tensors through shared memory, negotiated over gRPC.
+
+gRPC stays the control plane and the default path (``FLAGS_rpc_data_plane=off`` keeps everything on it).
+With ``auto`` (the default) a trainer whose pserver runs on its own host moves batches of at least
+``FLAGS_rpc_data_plane_min_bytes`` (256 KiB) through segments of shared memory; the gRPC call carries only
+a reference.
+
+Segments. A trainer asks its pserver for a segment (``ShmOpen``: trainer id, live incarnation, the
+trainer's ``host_id`` and a size). The pserver checks the incarnation and the host, creates a file under
+``/dev/shm`` with a random name, ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0600 (readable and writable by
+the job's user only), writes a random nonce into its first ``HEADER_BYTES`` and answers the path, number,
+size and nonce. The trainer opens it without following links, checks it is a regular file of its own
+user, mode 0600, of the announced size and carrying the nonce (so it mapped the pserver's file, not one
+planted under that name), maps it, and unlinks the name: from then on only the two mappings hold the
+memory, and a killed process leaves nothing behind in ``/dev/shm``. The pserver unlinks too (ignoring
+a name already gone) whenever it drops a segment: when the trainer's incarnation changes, when the
+trainer completes, and when the pserver stops (``PServerPlane.close``). A trainer incarnation holds at
+most ``MAX_SEGMENTS`` segments and ``max_bytes`` bytes; beyond that ``ShmOpen`` answers no path and the
+trainer stays on gRPC for that transfer.
+
+References. A segment holds one transfer at a time, from ``HEADER_BYTES`` on: the bytes of a
+``VariableBatch`` exactly as gRPC would carry them, so ``wire.decode_batch`` validates them exactly as
+it validates a gRPC request. A ``ShmRef`` names (trainer id, incarnation, segment, offset, length, seq)
+and carries ``mac``, HMAC-SHA256 over those fields and the reference's purpose (``send``, ``slot``,
+``reply``), keyed by the job token (or, in a job without one, by a random key the pserver answered in
+``ShmOpen``). The receiver checks, before it reads a byte of the segment: the MAC (constant-time), the
+trainer's live incarnation, the segment number, ``HEADER_BYTES <= offset``, ``length > 0`` and
+``offset + length <= size``, and the sequence number: each side numbers its references from 1 and the
+pserver accepts each number once, within a window of ``SEQ_WINDOW`` below the highest seen (a trainer's
+sends and pulls may overtake each other); a reply must echo the number of its request. Anything else
+is ``ShmError`` (INVALID_ARGUMENT, or FAILED_PRECONDITION for a stale incarnation) and changes nothing.
+The payload itself is protected as the job's memory is: by the segment's mode and owner; the MAC makes
+the reference unforgeable by anyone without the key, and binds it to its range and sequence number.
+
+Ownership (the rule that makes reading a view safe):
+- A send segment is the trainer's until its ``ShmSend`` returns; the pserver copies the values out (into
+  pooled buffers, as a gRPC receive does: a sync pserver stores gradients until the step's optimize, an
+  async update may still be reading its input after the call returns, and what the pserver validates
+  must be what it keeps, whatever happens to the segment) before it answers. The copy checks floating
+  values finite as it goes (``copy_out``), so the pserver does not scan them again.
+- A get segment (``ShmGet``'s slot) is written by the pserver only while it answers that call; the
+  trainer then decodes read-only numpy views of it and hands the segment out again only when nothing
+  but its pool refers to the segment's array (the reference count says so, as ``stream.ReceiveBuffers``
+  does): a value fetched earlier is never overwritten.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import mmap
+import os
+import secrets
+import socket
+import stat
+import struct
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ir.errors import FlotillaError
+from runtime.rpc import send_recv_pb2 as pb
+from runtime.rpc.stream import ReceiveBuffers
+from runtime.rpc.wire import BATCH_FIELD, Decoded, _varint
+from runtime.scope import SelectedRows
+
+SHM_DIR = "/dev/shm"
+HEADER_BYTES = 64  # the nonce lives here; transfers start after it (cache-line aligned)
+NONCE_BYTES = 32
+MAX_SEGMENTS = 8  # per trainer incarnation and pserver: one send and a few get slots in flight
+DEFAULT_MAX_BYTES = 4 << 30
+SEQ_WINDOW = 1024
+_MAC_FIELDS = struct.Struct("<6sqQIQQQ")
+
+
+class ShmError(FlotillaError):
+    """A data-plane reference or segment that is not valid."""
+
+    code = "E736"
+
+    def __init__(self, message: str, hint: str | None = None, status: str = "INVALID_ARGUMENT") -> None:
+        super().__init__(message, hint=hint)
+        self.status = status
+
+
+def host_id() -> str:
+    """What identifies this host's shared memory: the kernel's boot id, the host name, and the device and
+    inode of ``/dev/shm`` (two containers of one kernel with separate ``/dev/shm`` differ)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        st = os.stat(SHM_DIR)
+    except OSError:
+        return ""
+    return f"{boot}/{socket.gethostname()}/{st.st_dev}:{st.st_ino}"
+
+
+def ref_mac(key: bytes, purpose: bytes, ref: pb.ShmRef) -> bytes:
+    """HMAC-SHA256 of ``ref``'s fields (all but ``mac``) and ``purpose``, keyed by ``key``."""
+    msg = _MAC_FIELDS.pack(purpose, ref.trainer_id, ref.incarnation, ref.segment, ref.offset, ref.length, ref.seq)
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def signed_ref(key: bytes, purpose: bytes, **fields: Any) -> pb.ShmRef:
+    """A ``ShmRef`` of ``fields`` with its MAC for ``purpose`` (``send``, ``slot`` or ``reply``)."""
+    ref = pb.ShmRef(**fields)
+    ref.mac = ref_mac(key, purpose, ref)
+    return ref
+
+
+def check_mac(key: bytes, purpose: bytes, ref: pb.ShmRef) -> None:
+    """Raise ShmError unless ``ref`` carries the MAC of its fields for ``purpose`` (constant-time compare)."""
+    if not hmac.compare_digest(ref.mac, ref_mac(key, purpose, ref)):
+        raise ShmError(f"data-plane reference of trainer {ref.trainer_id} (segment {ref.segment}, offset {ref.offset}, "
+                       f"length {ref.length}, seq {ref.seq}) does not carry a valid HMAC; nothing was read",
+                       hint="every process of the job must run with the same FLOTILLA_JOB_TOKEN")
+
+
+class Segment:
+    """One mapped segment: ``array`` is a uint8 numpy view of the whole mapping."""
+
+    def __init__(self, number: int, path: str, size: int, fd: int) -> None:
+        self.number, self.path, self.size = number, path, size
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        try:
+            self._mmap = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.array = np.frombuffer(self._mmap, np.uint8)
+        self.busy = False  # a send or get is using it now (trainer side)
+
+    def check_range(self, ref: pb.ShmRef) -> None:
+        """``ref``'s range lies in this segment's data area (raises ShmError naming the bounds)."""
+        end = ref.offset + ref.length
+        if ref.length == 0 or ref.offset < HEADER_BYTES or end > self.size:
+            raise ShmError(f"data-plane reference of trainer {ref.trainer_id}: bytes [{ref.offset}, {end}) are not in "
+                           f"the data area [{HEADER_BYTES}, {self.size}) of segment {self.number}; nothing was read",
+                           hint="a reference names a non-empty range of a segment the pserver created for it")
+
+    def view(self, offset: int, length: int) -> memoryview:
+        return memoryview(self.array)[offset:offset + length]
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Unmap, unless a view is still alive (then the mapping goes with the last view)."""
+        self.array = None  # type: ignore[assignment]
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass
+
+
+def create_segment(number: int, size: int, directory: str = SHM_DIR) -> tuple[Segment, bytes]:
+    """A fresh segment of ``size`` bytes (mode 0600, random name) and the nonce written at its start."""
+    nonce = secrets.token_bytes(NONCE_BYTES)
+    path = os.path.join(directory, f"flotilla-{os.getpid()}-{secrets.token_hex(12)}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        os.ftruncate(fd, size)
+        seg = Segment(number, path, size, fd)
+    except BaseException:
+        try:
+            os.unlink(path)
+        finally:
+            raise
+    seg.array[:NONCE_BYTES] = np.frombuffer(nonce, np.uint8)
+    return seg, nonce
+
+
+def open_segment(reply: pb.ShmOpenReply) -> Segment:
+    """Map the segment a pserver answered, after checking it is the pserver's file (regular, this user's,
+    mode 0600, the announced size, the nonce at its start), and unlink its name."""
+    path = reply.path
+    if os.path.dirname(path) != SHM_DIR or not os.path.basename(path).startswith("flotilla-"):
+        raise ShmError(f"the pserver answered segment path {path!r}, not a flotilla segment under {SHM_DIR}")
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        problem = ("not a regular file" if not stat.S_ISREG(st.st_mode) else
+                   f"owned by uid {st.st_uid}, not {os.geteuid()}" if st.st_uid != os.geteuid() else
+                   f"mode {stat.S_IMODE(st.st_mode):o}, not 600" if stat.S_IMODE(st.st_mode) != 0o600 else
+                   f"{st.st_size} bytes, not the announced {reply.size}" if st.st_size != reply.size else "")
+        if problem or reply.size <= HEADER_BYTES:
+            raise ShmError(f"segment {path} is {problem or 'too small'}; not mapped",
+                           hint="another process may have planted the file; nothing of it was used")
+    except BaseException:
+        os.close(fd)
+        raise
+    seg = Segment(reply.segment, path, reply.size, fd)
+    if bytes(seg.array[:NONCE_BYTES]) != reply.nonce:
+        seg.close()
+        raise ShmError(f"segment {path} does not carry the nonce the pserver wrote; not used",
+                       hint="the file was replaced after the pserver created it")
+    seg.unlink()
+    return seg
+
+
+def round_size(nbytes: int) -> int:
+    """A segment's size for a transfer of ``nbytes``: the header plus ``nbytes`` rounded up to an eighth of its
+    power of two (at least 1 MiB), so transfers a few bytes apart share segments."""
+    granule = max(1 << 17, 1 << max(0, nbytes.bit_length() - 3))
+    return HEADER_BYTES + max(1 << 20, -(-nbytes // granule) * granule)
+
+
+def write_batch(dst: memoryview, messages: list[tuple[list[Any], int]]) -> int:
+    """Write the VariableBatch of ``messages`` (``encode_parts`` results) into ``dst``; its length. Each
+    tensor is copied once, into ``dst``. Raises ShmError if it does not fit (nothing else is changed)."""
+    total = sum(len(_varint(BATCH_FIELD << 3 | 2)) + len(_varint(n)) + n for _, n in messages)
+    if total > len(dst):
+        raise ShmError(f"a batch of {total} bytes does not fit the {len(dst)} bytes of its data-plane slot",
+                       hint="the trainer asks for a larger segment")
+    writer = BatchWriter(dst)
+    for parts, n in messages:
+        writer.put_parts(parts, n)
+    return writer.pos
+
+
+class BatchWriter:
+    """Appends VariableBatch entries to ``dst``; ``put`` matches ``PServer.get_many``'s ``encode``."""
+
+    def __init__(self, dst: memoryview) -> None:
+        self.dst, self.pos = dst, 0
+
+    def put_parts(self, parts: list[Any], n: int) -> None:
+        prefix = _varint(BATCH_FIELD << 3 | 2) + _varint(n)
+        if self.pos + len(prefix) + n > len(self.dst):
+            raise ShmError(f"the reply does not fit its data-plane slot of {len(self.dst)} bytes",
+                           hint="the trainer asks again with a larger slot", status="RESOURCE_EXHAUSTED")
+        pos = self.pos
+        for piece in (prefix, *parts):
+            view = memoryview(piece).cast("B")
+            self.dst[pos:pos + view.nbytes] = view
+            pos += view.nbytes
+        self.pos = pos
+
+
+_CHECK_CHUNK = 1 << 16  # elements: each is copied, then checked while it is still in the cache
+
+
+def copy_out(decoded: Decoded, buffers: ReceiveBuffers) -> Decoded:
+    """``decoded`` (read-only views of a segment) with its arrays copied into pooled buffers (read-only),
+    every floating value checked finite on the way: one pass over the memory instead of a copy and a scan.
+    ``finite`` of the result says whether all were; the copy is what the pserver validates and keeps."""
+    value = decoded.value
+    if isinstance(value, SelectedRows):
+        rows, _ = _copy_array(np.asarray(value.rows), buffers)
+        values, finite = _copy_array(np.asarray(value.values), buffers)
+        return Decoded(decoded.header, SelectedRows(rows, values, value.height), finite)
+    copied, finite = _copy_array(value, buffers)
+    return Decoded(decoded.header, copied, finite)
+
+
+def _copy_array(src: np.ndarray, buffers: ReceiveBuffers) -> tuple[np.ndarray, bool]:
+    """A read-only copy of the C-contiguous ``src`` in a pooled buffer, and whether every value is finite
+    (True for non-floating dtypes)."""
+    if src.size == 0:
+        empty = src.copy()
+        empty.flags.writeable = False
+        return empty, True
+    nbytes = src.nbytes
+    buf = buffers.take(nbytes)
+    flat = buf[:nbytes].view(src.dtype)
+    out, into = memoryview(src.reshape(-1)).cast("B"), memoryview(buf)
+    finite = True
+    if src.dtype.kind != "f":
+        into[:nbytes] = out
+    else:
+        size = src.dtype.itemsize
+        flags = np.empty(min(flat.size, _CHECK_CHUNK), bool)
+        for at in range(0, flat.size, _CHECK_CHUNK):
+            end = min(at + _CHECK_CHUNK, flat.size)
+            into[at * size:end * size] = out[at * size:end * size]
+            if finite:
+                chunk = flags[:end - at]
+                np.isfinite(flat[at:end], out=chunk)
+                finite = bool(chunk.all())
+    copied = flat.reshape(src.shape)
+    copied.flags.writeable = False
+    return copied, finite
+
+
+# --- the pserver's side ---------------------------------------------------------------------------------
+@dataclass
+class _TrainerSegments:
+    incarnation: int
+    key: bytes
+    segments: list[Segment] = field(default_factory=list)
+    top_seq: int = 0
+    seen: set[int] = field(default_factory=set)  # accepted seqs in (top_seq - SEQ_WINDOW, top_seq]
+    reply_seq: int = 0
+
+
+class PServerPlane:
+    """The segments a pserver created, per trainer; thread-safe. ``live(trainer_id)`` gives the trainer's
+    live incarnation (None if not announced); ``token`` keys the MACs (None: a random key per trainer)."""
+
+    def __init__(self, live: Callable[[int], int | None], token: str | None, *, endpoint: str = "",
+                 enabled: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, directory: str = SHM_DIR) -> None:
+        self._live = live
+        self._token = token.encode("utf-8") if token else None
+        self.endpoint, self.enabled, self.max_bytes, self.directory = endpoint, enabled, max_bytes, directory
+        self._host = host_id()
+        self._lock = threading.Lock()
+        self._trainers: dict[int, _TrainerSegments] = {}
+        self._closed = False
+
+    def open(self, req: pb.ShmOpenRequest) -> pb.ShmOpenReply:
+        """Create one more segment for the trainer (see the module docstring), or say why not."""
+        live = self._live(req.trainer_id)
+        if live is None or live != req.incarnation:
+            raise ShmError(f"ShmOpen of trainer {req.trainer_id} from incarnation {req.incarnation:#x}, which is not "
+                           "its live incarnation (or it completed); nothing was created",
+                           hint="a trainer announces itself before asking for segments",
+                           status="FAILED_PRECONDITION")
+        if not self.enabled:
+            return pb.ShmOpenReply(reason="this pserver runs with FLAGS_rpc_data_plane=off")
+        if not self._host or req.host != self._host:
+            return pb.ShmOpenReply(reason="the trainer runs on another host")
+        size = round_size(int(req.min_bytes))
+        with self._lock:
+            if self._closed:
+                return pb.ShmOpenReply(reason="the pserver is stopping")
+            mine = self._trainers.get(req.trainer_id)
+            if mine is None or mine.incarnation != req.incarnation:
+                self._drop_locked(req.trainer_id)
+                mine = self._trainers[req.trainer_id] = _TrainerSegments(
+                    req.incarnation, self._token or secrets.token_bytes(32))
+            held = sum(s.size for s in mine.segments)
+            if len(mine.segments) >= MAX_SEGMENTS or held + size > self.max_bytes:
+                return pb.ShmOpenReply(reason=f"trainer {req.trainer_id} holds {len(mine.segments)} segments of "
+                                              f"{held} bytes; a {size}-byte one is above the limit", later=True)
+            try:
+                free = os.statvfs(self.directory)
+                if size > free.f_bavail * free.f_frsize // 2:
+                    return pb.ShmOpenReply(reason=f"{self.directory} has too little room for {size} bytes",
+                                           later=True)
+                seg, nonce = create_segment(len(mine.segments), size, self.directory)
+            except OSError as e:
+                return pb.ShmOpenReply(reason=f"creating a segment failed: {e}", later=e.errno == errno.ENOSPC)
+            mine.segments.append(seg)
+        return pb.ShmOpenReply(path=seg.path, segment=seg.number, size=size, nonce=nonce,
+                               key=b"" if self._token else mine.key)
+
+    def resolve(self, ref: pb.ShmRef, purpose: bytes) -> tuple[Segment, memoryview]:
+        """The segment and the bytes ``ref`` names, after every check of the module docstring; the seq is
+        then used up. Raises ShmError (nothing read, nothing changed but nothing)."""
+        with self._lock:
+            mine = self._trainers.get(ref.trainer_id)
+            key = mine.key if mine is not None else (self._token or b"")
+            if mine is None:
+                check_mac(key or secrets.token_bytes(32), purpose, ref)
+                raise ShmError(f"data-plane reference of trainer {ref.trainer_id}, which holds no segment here",
+                               hint="ask for a segment (ShmOpen) first", status="FAILED_PRECONDITION")
+            check_mac(key, purpose, ref)
+            live = self._live(ref.trainer_id)
+            if ref.incarnation != mine.incarnation or live != ref.incarnation:
+                raise ShmError(f"data-plane reference of trainer {ref.trainer_id} from incarnation "
+                               f"{ref.incarnation:#x}, but its segments belong to another incarnation (or it "
+                               "completed); nothing was read",
+                               hint="a restarted trainer asks for new segments", status="FAILED_PRECONDITION")
+            if ref.segment >= len(mine.segments):
+                raise ShmError(f"data-plane reference of trainer {ref.trainer_id} names segment {ref.segment}; it "
+                               f"holds {len(mine.segments)}", hint="name a segment ShmOpen answered")
+            seg = mine.segments[ref.segment]
+            seg.check_range(ref)
+            if ref.seq == 0 or ref.seq <= mine.top_seq - SEQ_WINDOW or ref.seq in mine.seen:
+                raise ShmError(f"data-plane reference of trainer {ref.trainer_id}: seq {ref.seq} was used already or "
+                               f"is too old (highest {mine.top_seq}); a replayed reference is refused",
+                               hint="each reference carries a fresh sequence number")
+            mine.seen.add(ref.seq)
+            if ref.seq > mine.top_seq:
+                mine.top_seq = ref.seq
+                if len(mine.seen) > 2 * SEQ_WINDOW:
+                    mine.seen = {s for s in mine.seen if s > mine.top_seq - SEQ_WINDOW}
+            return seg, seg.view(ref.offset, ref.length)
+
+    def reply(self, slot: pb.ShmRef, length: int) -> pb.ShmRef:
+        """The signed reference to the ``length`` bytes written at ``slot``'s start."""
+        with self._lock:
+            mine = self._trainers.get(slot.trainer_id)
+            if mine is None or mine.incarnation != slot.incarnation:  # a restart or Complete while answering
+                raise ShmError(f"trainer {slot.trainer_id}'s segments were dropped while its ShmGet was answered",
+                               hint="a restarted trainer asks for new segments", status="FAILED_PRECONDITION")
+            return signed_ref(mine.key, b"reply", trainer_id=slot.trainer_id, incarnation=slot.incarnation,
+                              segment=slot.segment, offset=slot.offset, length=length, seq=slot.seq)
+
+    def drop(self, trainer_id: int) -> None:
+        """Forget (unlink, unmap) every segment of ``trainer_id``."""
+        with self._lock:
+            self._drop_locked(trainer_id)
+
+    def _drop_locked(self, trainer_id: int) -> None:
+        mine = self._trainers.pop(trainer_id, None)
+        for seg in mine.segments if mine is not None else ():
+            seg.unlink()
+            seg.close()
+
+    def sync_incarnation(self, trainer_id: int, incarnation: int | None) -> None:
+        """The trainer's live incarnation is now ``incarnation`` (None: completed): drop stale segments."""
+        with self._lock:
+            mine = self._trainers.get(trainer_id)
+            if mine is not None and mine.incarnation != incarnation:
+                self._drop_locked(trainer_id)
+
+    def segment_paths(self) -> list[str]:
+        with self._lock:
+            return [s.path for t in self._trainers.values() for s in t.segments]
+
+    def close(self) -> None:
+        """Drop every segment; later ShmOpens answer no path."""
+        with self._lock:
+            self._closed = True
+            for t in list(self._trainers):
+                self._drop_locked(t)
+
+
+# --- the trainer's side ---------------------------------------------------------------------------------
+class TrainerPlane:
+    """The segments one trainer holds with one pserver (``state``: None before the first ShmOpen, True
+    while the data plane is up, False once the pserver said no or the plane is off). Thread-safe."""
+
+    def __init__(self, trainer_id: int, incarnation: int, token: str | None) -> None:
+        self.trainer_id, self.incarnation = trainer_id, incarnation
+        self.key = token.encode("utf-8") if token else b""
+        self.state: bool | None = None
+        self.reason = ""
+        self.segments: list[Segment] = []
+        self.lock = threading.Lock()  # guards the fields above and `busy`
+        self._seq = 0
+
+    def next_seq(self) -> int:
+        with self.lock:
+            self._seq += 1
+            return self._seq
+
+    def take(self, nbytes: int) -> Segment | None:
+        """A free segment with room for ``nbytes`` (marked busy), the smallest that fits, or None."""
+        need = HEADER_BYTES + nbytes
+        with self.lock:
+            best = -1
+            for i in range(len(self.segments)):  # by index: an iterator would be one more reference
+                seg = self.segments[i]
+                if not seg.busy and seg.size >= need and _refs(seg.array) <= _FREE_REFS and (
+                        best < 0 or seg.size < self.segments[best].size):
+                    best = i
+            if best < 0:
+                return None
+            seg = self.segments[best]
+            seg.busy = True
+            return seg
+
+    def add(self, seg: Segment) -> None:
+        with self.lock:
+            seg.busy = True
+            self.segments.append(seg)
+
+    def give_back(self, seg: Segment) -> None:
+        with self.lock:
+            seg.busy = False
+
+    def sign(self, purpose: bytes, seg: Segment, length: int, seq: int) -> pb.ShmRef:
+        return signed_ref(self.key, purpose, trainer_id=self.trainer_id, incarnation=self.incarnation,
+                          segment=seg.number, offset=HEADER_BYTES, length=length, seq=seq)
+
+    def check_reply(self, ref: pb.ShmRef, slot: pb.ShmRef) -> None:
+        """``ref`` is the pserver's signed answer to ``slot``: same segment and offset, within its room,
+        same seq."""
+        check_mac(self.key, b"reply", ref)
+        same = (ref.trainer_id, ref.incarnation, ref.segment, ref.offset, ref.seq) == (
+            slot.trainer_id, slot.incarnation, slot.segment, slot.offset, slot.seq)
+        if not same or not 0 < ref.length <= slot.length:
+            raise ShmError(f"the pserver's data-plane reply (segment {ref.segment}, offset {ref.offset}, length "
+                           f"{ref.length}, seq {ref.seq}) does not answer the slot asked for (segment {slot.segment}, "
+                           f"offset {slot.offset}, room {slot.length}, seq {slot.seq})")
+
+    def close(self) -> None:
+        with self.lock:
+            segments, self.segments = self.segments, []
+            self.state = False
+        for seg in segments:
+            seg.close()
+
+
+def _refs(buf: np.ndarray) -> int:
+    return sys.getrefcount(buf)
+
+
+def _calibrate() -> int:
+    """What ``_refs`` reports for an array held only by a Segment and the scanning loop's variable."""
+    class Holder:
+        array = None
+
+    holder = Holder()
+    holder.array = np.empty(1, np.uint8)
+    holders = [holder]
+    for i in range(len(holders)):
+        seg = holders[i]
+        if seg.array is not None:
+            return _refs(seg.array)
+    raise RuntimeError("unreachable")
+
+
+_FREE_REFS = _calibrate()
+
+
+def leftover_segments(directory: str = SHM_DIR, pid: int | None = None) -> list[str]:
+    """Flotilla segment files under ``directory`` (of process ``pid`` when given): a test checks none is
+    left after the pservers stop."""
+    prefix = "flotilla-" if pid is None else f"flotilla-{pid}-"
+    try:
+        return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.startswith(prefix))
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            return []
+        raise

@@ -1,0 +1,536 @@
+"""The same-host data plane (runtime/rpc/shm.py) against a real gRPC pserver on 127.0.0.1.
+
+Values travel bit-exactly both ways through shared memory; every bad request of test_server_errors.py
+that a data-plane call can carry gets the same status and changes nothing; forged, truncated, oversized,
+out-of-range, replayed and stale references are refused before a byte is read; segments are removed
+when the trainer's incarnation changes, when it completes, when it is killed, and when the pserver
+stops; ``FLAGS_rpc_data_plane=off`` on either side gives pure gRPC. (The end-to-end trust and fault
+tests of test_ps_training.py run over the data plane too: ``DATA_PLANE`` there.)
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import stat
+import subprocess
+import sys
+from typing import Any, Callable, Iterator
+
+import grpc
+import numpy as np
+import pytest
+
+from runtime.flags import FlagError, data_plane_mode
+from runtime.rpc import send_recv_pb2 as pb
+from runtime.rpc.client import RPCClient, RPCError
+from runtime.rpc.shm import (HEADER_BYTES, NONCE_BYTES, PServerPlane, Segment, ShmError, TrainerPlane,
+                             create_segment, leftover_segments, open_segment, ref_mac)
+from runtime.rpc.wire import encode_batch
+from tests.runtime.rpc.conftest import LR, PARAMS, PSHandle, Tracker, build_pserver, inc
+from tests.runtime.rpc.test_server_errors import BAD, Raw, Served
+
+CODE = grpc.StatusCode
+REPO = pathlib.Path(__file__).resolve().parents[3]
+ROOM = 1 << 16
+
+
+class PlaneServed(Served):
+    """A served PServer, a raw channel, and trainer 0's data plane to it: a client whose fetches and sends
+    of any size take the data plane, and one segment held busy for hand-made references."""
+
+    def __init__(self, handle: PSHandle) -> None:
+        super().__init__(handle)
+        self.client = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+        self.client.shm_threshold = 1
+        got = self.client._segment(handle.endpoint, ROOM)
+        assert got is not None, self.client._plane(handle.endpoint)
+        self.plane, self.seg = got
+        self.seq = self.seq  # per-variable send seqs (Served)
+        self.ref_seq = 1 << 40  # above anything the client itself uses
+
+    def put(self, payload: bytes) -> int:
+        """Write ``payload`` at the start of the held segment's data area; its length."""
+        self.seg.view(HEADER_BYTES, len(payload))[:] = payload
+        return len(payload)
+
+    def ref(self, length: int, purpose: bytes = b"send", **fields: Any) -> pb.ShmRef:
+        """A correctly signed reference to the held segment (``fields`` override before signing)."""
+        self.ref_seq += 1
+        base = dict(trainer_id=0, incarnation=inc(0), segment=self.seg.number, offset=HEADER_BYTES, length=length,
+                    seq=self.ref_seq)
+        base.update(fields)
+        ref = pb.ShmRef(**base)
+        ref.mac = ref_mac(self.plane.key, purpose, ref)
+        return ref
+
+    def shm_send(self, payload: bytes) -> bytes:
+        return self.raw.call("ShmSend", self.ref(self.put(payload)).SerializeToString())
+
+    def good_send(self) -> None:
+        """A valid gradient of fc_b from trainer 0, through the data plane."""
+        self.shm_send(encode_batch([self.send_bytes("fc_b", np.full((30,), 0.5, np.float32))]))
+        self.sent("fc_b")
+
+    def close(self) -> None:
+        self.plane.give_back(self.seg)
+        self.client.close()
+        self.raw.close()
+
+
+@pytest.fixture(scope="module")
+def planes() -> Iterator[dict[str, PlaneServed]]:
+    tracker = Tracker()
+    out = {mode: PlaneServed(build_pserver(mode == "sync", serve=True, tracker=tracker)) for mode in ("sync", "async")}
+    yield out
+    for s in out.values():
+        s.close()
+    tracker.close()
+
+
+def _same_state(s: PlaneServed, before: dict[str, bytes], snapshot: Any) -> None:
+    """The pserver kept serving and changed nothing; a good send through the data plane then works."""
+    assert {p: s.raw.get(p) for p in PARAMS} == before
+    assert s.h.snapshot() == snapshot
+    health = s.raw.health()
+    assert health.status == pb.HealthReply.SERVING and list(health.live_trainers) == [0, 1]
+    s.good_send()
+
+
+# --- values through shared memory -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_values_travel_bit_exactly_through_shared_memory(mode: str, planes: dict[str, PlaneServed]) -> None:
+    s = planes[mode]
+    c, ep = s.client, s.h.endpoint
+    first = c.get([(ep, p) for p in PARAMS])  # learns the sizes (gRPC) ...
+    second = c.get([(ep, p) for p in PARAMS])  # ... and then fetches through a segment
+    plane = c._plane(ep)
+    assert plane is not None and plane.state is True
+    for p, a, b in zip(PARAMS, first, second):
+        want = np.asarray(s.h.scope.find_var(p))
+        np.testing.assert_array_equal(a, want)
+        np.testing.assert_array_equal(b, want)
+        assert any(np.shares_memory(b, seg.array) for seg in plane.segments), f"{p} did not come through shm"
+        assert not b.flags.writeable
+    # a later fetch never overwrites a value still held: it takes another segment
+    third = c.get([(ep, p) for p in PARAMS])
+    np.testing.assert_array_equal(second[0], third[0])
+    assert not any(np.shares_memory(second[0], t) for t in third)
+    grad = np.random.default_rng(3).normal(size=(30,)).astype(np.float32)
+    name = s.h.grad_name("fc_b", 0)
+    before = np.asarray(s.h.scope.find_var("fc_b")).copy()
+    c.send(ep, name, grad)
+    c.wait_sends()
+    s.seq[0, name] += 1  # the client used that seq
+    if mode == "sync":
+        np.testing.assert_array_equal(np.asarray(s.h.scope.find_var(name)), grad)
+    else:
+        np.testing.assert_allclose(np.asarray(s.h.scope.find_var("fc_b")), before - np.float32(LR) * grad, rtol=1e-6)
+    assert leftover_segments(pid=os.getpid()) == [], "a mapped segment keeps no name in /dev/shm"
+
+
+def test_a_full_ring_sends_that_fetch_through_grpc(tracker: Tracker) -> None:
+    from runtime.rpc.shm import MAX_SEGMENTS
+
+    h = build_pserver(True, serve=True, tracker=tracker)
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+    c.shm_threshold = 1
+    try:
+        c.get([(h.endpoint, "fc_b")])  # learns the size
+        held = [c.get([(h.endpoint, "fc_b")])[0] for _ in range(MAX_SEGMENTS + 2)]  # every value kept alive
+        plane = c._plane(h.endpoint)
+        assert plane is not None and plane.state is True and len(plane.segments) == MAX_SEGMENTS
+        via_shm = [any(np.shares_memory(v, seg.array) for seg in plane.segments) for v in held]
+        assert via_shm == [True] * MAX_SEGMENTS + [False, False]
+        for v in held:
+            np.testing.assert_array_equal(v, np.asarray(h.scope.find_var("fc_b")))
+        del held, v
+        assert c.get([(h.endpoint, "fc_b")])[0] is not None and len(plane.segments) == MAX_SEGMENTS  # reused
+    finally:
+        c.close()
+
+
+# --- every bad request a data-plane call can carry --------------------------------------------------------------------
+SEND_CASES = [(n, m) for n, case in BAD.items()
+              if case[0] in ("SendVariable", "SendVariables") and n != "sendbatch-empty" for m in case[4]]
+# Where the data plane refuses earlier than the pserver would (its own check of whose gradients a
+# trainer's segment carries), the words differ; the status is the same.
+SHM_WORDS = {"send-trainer-out-of-range": "carries 'fc_b@GRAD' of trainer 2"}
+GET_CASES = [(n, m) for n, case in BAD.items()
+             if case[0] == "GetVariables" and n != "getbatch-garbage" for m in case[4]]
+
+
+@pytest.mark.parametrize("name,mode", SEND_CASES, ids=[f"{n}-{m}" for n, m in SEND_CASES])
+def test_a_bad_send_through_shared_memory_gets_its_status_and_changes_nothing(
+        name: str, mode: str, planes: dict[str, PlaneServed]) -> None:
+    method, request, code, words, _ = BAD[name]
+    s = planes[mode]
+    before, snapshot = {p: s.raw.get(p) for p in PARAMS}, s.h.snapshot()
+    raw = request(s)
+    batch = encode_batch([raw]) if method == "SendVariable" else raw
+    err = s.raw.error("ShmSend", s.ref(s.put(batch)).SerializeToString())
+    assert err.code() == code, err.details()
+    assert SHM_WORDS.get(name, words) in err.details()
+    _same_state(s, before, snapshot)
+
+
+@pytest.mark.parametrize("name,mode", GET_CASES, ids=[f"{n}-{m}" for n, m in GET_CASES])
+def test_a_bad_get_through_shared_memory_gets_its_status(name: str, mode: str, planes: dict[str, PlaneServed]) -> None:
+    _, request, code, words, _ = BAD[name]
+    s = planes[mode]
+    before, snapshot = {p: s.raw.get(p) for p in PARAMS}, s.h.snapshot()
+    req = pb.ShmGetRequest(get=pb.GetVariablesRequest.FromString(request(s)), slot=s.ref(ROOM, b"slot"))
+    err = s.raw.error("ShmGet", req.SerializeToString())
+    assert err.code() == code, err.details()
+    assert words in err.details()
+    _same_state(s, before, snapshot)
+
+
+# --- references: forged, truncated, oversized, out of range, replayed, stale ------------------------------------------
+def _grad_batch(s: PlaneServed) -> bytes:
+    return encode_batch([s.send_bytes("fc_b", np.full((30,), 0.25, np.float32))])
+
+
+REFS: dict[str, tuple[Callable[[PlaneServed, int], pb.ShmRef], CODE, str]] = {
+    "bad-mac": (lambda s, n: pb.ShmRef(**{**_fields(s.ref(n)), "mac": b"\0" * 32}), CODE.INVALID_ARGUMENT,
+                "does not carry a valid HMAC"),
+    "no-mac": (lambda s, n: pb.ShmRef(**{**_fields(s.ref(n)), "mac": b""}), CODE.INVALID_ARGUMENT,
+               "does not carry a valid HMAC"),
+    "mac-of-other-fields": (lambda s, n: pb.ShmRef(**{**_fields(s.ref(n)), "length": n + 8}), CODE.INVALID_ARGUMENT,
+                            "does not carry a valid HMAC"),
+    "mac-of-a-reply": (lambda s, n: s.ref(n, b"reply"), CODE.INVALID_ARGUMENT, "does not carry a valid HMAC"),
+    "mac-of-another-key": (lambda s, n: _resigned(s.ref(n), b"not the key"), CODE.INVALID_ARGUMENT,
+                           "does not carry a valid HMAC"),
+    "truncated": (lambda s, n: s.ref(n - 7), CODE.INVALID_ARGUMENT, "the batch is truncated"),
+    "empty": (lambda s, n: s.ref(0), CODE.INVALID_ARGUMENT, "are not in the data area"),
+    "oversized": (lambda s, n: s.ref(s.seg.size), CODE.INVALID_ARGUMENT, "are not in the data area"),
+    "past-the-end": (lambda s, n: s.ref(n, offset=s.seg.size - n + 1), CODE.INVALID_ARGUMENT,
+                     "are not in the data area"),
+    "huge-offset": (lambda s, n: s.ref(n, offset=(1 << 64) - 8), CODE.INVALID_ARGUMENT, "are not in the data area"),
+    "into-the-header": (lambda s, n: s.ref(n, offset=0), CODE.INVALID_ARGUMENT, "are not in the data area"),
+    "unknown-segment": (lambda s, n: s.ref(n, segment=99), CODE.INVALID_ARGUMENT, "names segment 99"),
+    "stale-incarnation": (lambda s, n: s.ref(n, incarnation=inc(0) + 2), CODE.FAILED_PRECONDITION,
+                          "its segments belong to"),
+    # without a job token each trainer's references are keyed by its own random key
+    "another-trainers-reference": (lambda s, n: s.ref(n, trainer_id=1, incarnation=inc(1)), CODE.INVALID_ARGUMENT,
+                                   "does not carry a valid HMAC"),
+    "zero-seq": (lambda s, n: s.ref(n, seq=0), CODE.INVALID_ARGUMENT, "seq 0 was used already or is too old"),
+}
+
+
+def _fields(ref: pb.ShmRef) -> dict[str, Any]:
+    return {f.name: getattr(ref, f.name) for f in pb.ShmRef.DESCRIPTOR.fields}
+
+
+def _resigned(ref: pb.ShmRef, key: bytes) -> pb.ShmRef:
+    ref.mac = ref_mac(key, b"send", ref)
+    return ref
+
+
+REF_CASES = [(n, m) for n in REFS for m in ("sync", "async")]
+
+
+@pytest.mark.parametrize("case,mode", REF_CASES, ids=[f"{n}-{m}" for n, m in REF_CASES])
+def test_a_bad_reference_is_refused_before_anything_is_read(case: str, mode: str,
+                                                           planes: dict[str, PlaneServed]) -> None:
+    make, code, words = REFS[case]
+    s = planes[mode]
+    before, snapshot = {p: s.raw.get(p) for p in PARAMS}, s.h.snapshot()
+    n = s.put(_grad_batch(s))
+    err = s.raw.error("ShmSend", make(s, n).SerializeToString())
+    assert err.code() == code, err.details()
+    assert words in err.details(), err.details()
+    _same_state(s, before, snapshot)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_replayed_reference_is_refused(mode: str, planes: dict[str, PlaneServed]) -> None:
+    s = planes[mode]
+    ref = s.ref(s.put(_grad_batch(s)))
+    s.raw.call("ShmSend", ref.SerializeToString())
+    s.sent("fc_b")
+    before, snapshot = {p: s.raw.get(p) for p in PARAMS}, s.h.snapshot()
+    err = s.raw.error("ShmSend", ref.SerializeToString())
+    assert err.code() == CODE.INVALID_ARGUMENT and "a replayed reference is refused" in err.details()
+    _same_state(s, before, snapshot)
+
+
+def test_a_get_slot_too_small_is_resource_exhausted(planes: dict[str, PlaneServed]) -> None:
+    s = planes["sync"]
+    req = pb.ShmGetRequest(get=pb.GetVariablesRequest(names=list(PARAMS)), slot=s.ref(100, b"slot"))
+    err = s.raw.error("ShmGet", req.SerializeToString())
+    assert err.code() == CODE.RESOURCE_EXHAUSTED, err.details()
+    req = pb.ShmGetRequest(get=pb.GetVariablesRequest(names=list(PARAMS), trainer_id=1), slot=s.ref(ROOM, b"slot"))
+    assert s.raw.error("ShmGet", req.SerializeToString()).code() == CODE.INVALID_ARGUMENT  # another trainer's slot
+
+
+def test_a_send_carrying_another_trainers_gradient_is_refused(planes: dict[str, PlaneServed]) -> None:
+    s = planes["async"]
+    before, snapshot = {p: s.raw.get(p) for p in PARAMS}, s.h.snapshot()
+    batch = encode_batch([s.send_bytes("fc_b", np.full((30,), 0.5, np.float32), trainer_id=1)])
+    err = s.raw.error("ShmSend", s.ref(s.put(batch)).SerializeToString())
+    assert err.code() == CODE.INVALID_ARGUMENT and "of trainer 1" in err.details()
+    _same_state(s, before, snapshot)
+
+
+def test_without_the_token_the_data_plane_is_unauthenticated(tracker: Tracker) -> None:
+    from runtime.flags import RPCSecurity
+
+    h = build_pserver(False, serve=True, tracker=tracker, security=RPCSecurity(token="s3cret"))
+    raw = Raw(h.endpoint)
+    try:
+        for method, req in (("ShmOpen", pb.ShmOpenRequest(trainer_id=0, incarnation=inc(0), min_bytes=1)),
+                            ("ShmSend", pb.ShmRef(trainer_id=0)), ("ShmGet", pb.ShmGetRequest())):
+            assert raw.error(method, req.SerializeToString()).code() == CODE.UNAUTHENTICATED
+    finally:
+        raw.close()
+    assert h.pserver.data_plane.segment_paths() == []
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto", security=RPCSecurity(token="s3cret"))
+    c.shm_threshold = 1
+    try:
+        c.get([(h.endpoint, "fc_b")])
+        np.testing.assert_array_equal(c.get([(h.endpoint, "fc_b")])[0], np.asarray(h.scope.find_var("fc_b")))
+        assert c._plane(h.endpoint).key == b"s3cret" and len(h.pserver.data_plane.segment_paths()) == 1
+    finally:
+        c.close()
+
+
+# --- segment lifetime -------------------------------------------------------------------------------------------------
+def test_segments_go_with_the_incarnation_the_trainer_and_the_pserver(tracker: Tracker) -> None:
+    from runtime.flags import RPCSecurity
+
+    token = RPCSecurity(token="job-secret")  # the references of every incarnation are keyed alike
+    h = build_pserver(False, serve=True, tracker=tracker, security=token)  # async: a rejoin is immediate
+    plane = h.pserver.data_plane
+    old = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto", security=token)
+    old.shm_threshold = 1
+    old.get([(h.endpoint, "fc_b")])
+    old.get([(h.endpoint, "fc_b")])
+    assert len(plane.segment_paths()) == 1
+    new = RPCClient(0, incarnation=inc(0) + 2, deadline=10.0, data_plane="auto", security=token)
+    new.shm_threshold = 1
+    new.announce([h.endpoint])  # the restarted trainer: its predecessor's segments are dropped
+    assert plane.segment_paths() == []
+    with pytest.raises(RPCError) as e:
+        old._get_shm(h.endpoint, ["fc_b"])
+    assert e.value.status == CODE.FAILED_PRECONDITION and "holds no segment here" in str(e.value)
+    new.get([(h.endpoint, "fc_b")])  # learns the size
+    new.get([(h.endpoint, "fc_b")])  # maps a segment
+    with pytest.raises(RPCError) as e:  # the segment numbers now name the new incarnation's segments
+        old._get_shm(h.endpoint, ["fc_b"])
+    assert e.value.status == CODE.FAILED_PRECONDITION and "belong to another incarnation" in str(e.value)
+    np.testing.assert_array_equal(new.get([(h.endpoint, "fc_b")])[0], np.asarray(h.scope.find_var("fc_b")))
+    assert len(plane.segment_paths()) == 1
+    new.close()  # Complete: the trainer is done, its segments go
+    assert plane.segment_paths() == []
+    old._closed = True  # its incarnation is gone: nothing to complete
+    other = RPCClient(1, incarnation=inc(1), deadline=10.0, data_plane="auto", security=token)
+    other.shm_threshold = 1
+    other.get([(h.endpoint, "fc_b")])
+    other.get([(h.endpoint, "fc_b")])
+    assert len(plane.segment_paths()) == 1
+    h.server.stop(None).wait(5.0)
+    h.pserver.close()
+    assert plane.segment_paths() == [] and leftover_segments(pid=os.getpid()) == []
+    for c in (old, other):
+        for p in c._planes.values():
+            p.close()
+
+
+KILLED_TRAINER = """
+import sys, time
+from runtime.rpc.client import RPCClient
+c = RPCClient(1, incarnation=int(sys.argv[2]), deadline=10.0, data_plane="auto")
+c.shm_threshold = 1
+values = [c.get([(sys.argv[1], "fc_b")]) for _ in range(2)]
+print("mapped", len(c._planes[sys.argv[1]].segments), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_trainer_leaves_nothing_and_the_pserver_serves_the_others(tracker: Tracker) -> None:
+    h = build_pserver(False, serve=True, tracker=tracker, authenticated=True)
+    plane = h.pserver.data_plane
+    survivor = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+    survivor.shm_threshold = 1
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, h.endpoint, str(inc(1))], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        line = proc.stdout.readline()  # bounded: the child's RPC deadline is 10 s
+        assert line.startswith("mapped 1"), line + proc.stdout.read() if proc.poll() is not None else line
+        assert len(plane.segment_paths()) == 1
+        assert leftover_segments(pid=os.getpid()) == []  # the trainer unlinked the name once it mapped it
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        proc.stdout.close()
+    # the pserver keeps serving the others through the data plane
+    survivor.get([(h.endpoint, "fc_b")])
+    np.testing.assert_array_equal(survivor.get([(h.endpoint, "fc_b")])[0], np.asarray(h.scope.find_var("fc_b")))
+    grad = np.full((30,), 0.5, np.float32)
+    before = np.asarray(h.scope.find_var("fc_b")).copy()
+    survivor.send(h.endpoint, h.grad_name("fc_b", 0), grad)
+    survivor.wait_sends()
+    np.testing.assert_allclose(np.asarray(h.scope.find_var("fc_b")), before - np.float32(LR) * grad, rtol=1e-6)
+    # the killed trainer's restart drops its segments
+    restarted = RPCClient(1, incarnation=inc(1) + 2, deadline=10.0, data_plane="auto")
+    restarted.announce([h.endpoint])
+    assert len(plane.segment_paths()) == 1  # the survivor's
+    for c in (survivor, restarted):
+        c.close()
+
+
+# --- FLAGS_rpc_data_plane=off -----------------------------------------------------------------------------------
+def test_off_on_the_trainer_is_pure_grpc(tracker: Tracker) -> None:
+    h = build_pserver(True, serve=True, tracker=tracker)
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="off")
+    c.shm_threshold = 1
+    try:
+        for _ in range(2):
+            np.testing.assert_array_equal(c.get([(h.endpoint, "fc_b")])[0], np.asarray(h.scope.find_var("fc_b")))
+        c.send(h.endpoint, h.grad_name("fc_b", 0), np.ones(30, np.float32))
+        c.wait_sends()
+        assert c._planes == {} and h.pserver.data_plane.segment_paths() == []
+    finally:
+        c.close()
+
+
+def test_off_on_the_pserver_leaves_the_trainer_on_grpc(tracker: Tracker) -> None:
+    from runtime.kernels.rpc import max_message_bytes
+    from runtime.rpc.server import start_server
+
+    h = build_pserver(True, serve=False, tracker=tracker)
+    endpoint = f"127.0.0.1:{__import__('runtime.launch', fromlist=['free_ports']).free_ports(1)[0]}"
+    h.server = start_server(h.pserver, endpoint, max_message_bytes(h.program), data_plane="off")
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+    c.shm_threshold = 1
+    try:
+        for _ in range(3):
+            np.testing.assert_array_equal(c.get([(endpoint, "fc_b")])[0], np.asarray(h.scope.find_var("fc_b")))
+        plane = c._planes[endpoint]
+        assert plane.state is False and "FLAGS_rpc_data_plane=off" in plane.reason
+        assert h.pserver.data_plane.segment_paths() == []
+    finally:
+        c.close()
+
+
+def test_the_flag_reads_off_and_auto_only() -> None:
+    assert data_plane_mode({}) == "auto"
+    assert data_plane_mode({"FLAGS_rpc_data_plane": "OFF"}) == "off"
+    with pytest.raises(FlagError, match="FLAGS_rpc_data_plane='shm' is not one of"):
+        data_plane_mode({"FLAGS_rpc_data_plane": "shm"})
+
+
+# --- segment files ----------------------------------------------------------------------------------------------------
+def _reply_for(seg: Segment, nonce: bytes, **over: Any) -> pb.ShmOpenReply:
+    return pb.ShmOpenReply(**{"path": seg.path, "segment": 0, "size": seg.size, "nonce": nonce, **over})
+
+
+def test_a_segment_is_private_and_its_name_goes_once_mapped() -> None:
+    seg, nonce = create_segment(0, 1 << 20)
+    try:
+        st = os.stat(seg.path)
+        assert stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.geteuid() and st.st_size == 1 << 20
+        mapped = open_segment(_reply_for(seg, nonce))
+        assert not os.path.exists(seg.path)
+        mapped.view(HEADER_BYTES, 4)[:] = b"abcd"
+        assert bytes(seg.view(HEADER_BYTES, 4)) == b"abcd"  # one memory, two mappings
+        mapped.close()
+    finally:
+        seg.unlink()
+        seg.close()
+
+
+@pytest.mark.parametrize("case", ["wrong-nonce", "wrong-size", "mode-644", "symlink", "outside-dev-shm"])
+def test_a_planted_or_altered_segment_is_not_mapped(case: str, tmp_path: pathlib.Path) -> None:
+    seg, nonce = create_segment(0, 1 << 20)
+    link = seg.path + "-link"
+    try:
+        reply = _reply_for(seg, nonce)
+        if case == "wrong-nonce":
+            reply.nonce = b"\1" * NONCE_BYTES
+        elif case == "wrong-size":
+            reply.size = seg.size + 4096
+        elif case == "mode-644":
+            os.chmod(seg.path, 0o644)
+        elif case == "symlink":
+            os.symlink(seg.path, link)
+            reply.path = link
+        else:
+            reply.path = str(tmp_path / os.path.basename(seg.path))
+        with pytest.raises((ShmError, OSError)):
+            open_segment(reply)
+        if case != "symlink":
+            assert os.path.exists(seg.path) or case == "outside-dev-shm"
+    finally:
+        for path in (seg.path, link):
+            if os.path.lexists(path):
+                os.unlink(path)
+        seg.close()
+
+
+def test_the_pserver_caps_what_a_trainer_holds() -> None:
+    live = {0: inc(0)}
+    from runtime.rpc.shm import host_id, round_size
+
+    plane = PServerPlane(live.get, "tok", max_bytes=3 * round_size(1))
+
+    try:
+        req = pb.ShmOpenRequest(trainer_id=0, incarnation=inc(0), host=host_id(), min_bytes=1)
+        got = [plane.open(req) for _ in range(4)]
+        assert [bool(r.path) for r in got] == [True, True, True, False] and "above the limit" in got[3].reason
+        assert got[3].later  # for now: a later, smaller request may be served
+        elsewhere = plane.open(pb.ShmOpenRequest(trainer_id=0, incarnation=inc(0), host="elsewhere", min_bytes=1))
+        assert elsewhere.path == "" and not elsewhere.later and "another host" in elsewhere.reason
+        with pytest.raises(ShmError, match="live incarnation"):
+            plane.open(pb.ShmOpenRequest(trainer_id=0, incarnation=5, host=host_id(), min_bytes=1))
+        assert all(r.key == b"" for r in got[:3])  # with a token the key is the token
+        live[0] = inc(0) + 2
+        plane.sync_incarnation(0, inc(0) + 2)
+        assert plane.segment_paths() == [] and not any(os.path.exists(r.path) for r in got[:3])
+    finally:
+        plane.close()
+
+
+def test_trainer_plane_hands_out_a_segment_only_when_its_values_are_gone() -> None:
+    seg, nonce = create_segment(0, 1 << 20)
+    tp = TrainerPlane(0, inc(0), "tok")
+    try:
+        tp.add(seg)
+        tp.give_back(seg)
+        held = np.frombuffer(seg.view(HEADER_BYTES, 16), np.float32)
+        assert tp.take(16) is None
+        del held
+        assert tp.take(16) is seg
+        assert tp.take(16) is None  # busy until given back
+        tp.give_back(seg)
+        assert tp.take(2 << 20) is None  # too small
+    finally:
+        seg.unlink()
+        tp.close()
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64-nan", "float32-inf-in-last-chunk", "int64", "rows", "empty"])
+def test_copy_out_copies_bit_exactly_and_checks_finite_on_the_way(kind: str) -> None:
+    from runtime.rpc.shm import copy_out
+    from runtime.rpc.stream import ReceiveBuffers
+    from runtime.rpc.wire import decode_variable, encode_variable
+    from runtime.scope import SelectedRows
+
+    rng = np.random.default_rng(0)
+    value: Any = {"float32": lambda: rng.normal(size=(300, 700)).astype(np.float32),
+                  "float64-nan": lambda: np.where(np.arange(5000) == 17, np.nan, 1.0).reshape(50, 100),
+                  "float32-inf-in-last-chunk": lambda: np.where(np.arange(200_000) == 199_999, np.inf,
+                                                                0.5).astype(np.float32),
+                  "int64": lambda: rng.integers(-5, 5, (1000, 3)),
+                  "rows": lambda: SelectedRows(np.array([4, 1, 9]), rng.normal(size=(3, 8)).astype(np.float32), 10),
+                  "empty": lambda: np.zeros((0, 4), np.float32)}[kind]()
+    received = decode_variable(encode_variable("v", value))
+    copied = copy_out(received, ReceiveBuffers())
+    assert copied.finite == (kind not in ("float64-nan", "float32-inf-in-last-chunk"))
+    got, want = copied.value, received.value
+    if isinstance(want, SelectedRows):
+        assert got.height == want.height and got.rows.tobytes() == want.rows.tobytes()
+        got, want = got.values, want.values
+    assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+    assert not np.shares_memory(got, want) and not got.flags.writeable
