@@ -41,20 +41,23 @@ from runtime.scope import SelectedRows
 _AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar("flotilla_collective_axis", default=None)
 
 
-def _shared_sum_abstract(token: Any, x: Any, *, arena: Any) -> list[Any]:
-    return [jax.core.ShapedArray((), jnp.int32), jax.core.ShapedArray(x.shape, x.dtype)]
+def _shared_sum_abstract(token: Any, data: Any, *, arena: Any, dtype: str) -> list[Any]:
+    return [jax.core.ShapedArray((), jnp.int32), jax.core.ShapedArray(data.shape, data.dtype)]
 
 
-def _shared_sum_lowering(ctx: Any, token: Any, x: Any, *, arena: Any) -> Any:
+def _shared_sum_lowering(ctx: Any, token: Any, data: Any, *, arena: Any, dtype: str) -> Any:
     """A host callback taking XLA's operand buffers as numpy arrays as they come (``jax.pure_callback``
-    would first copy each into a new JAX array: a second copy of the whole bucket every step)."""
+    would first copy each into a new JAX array: a second copy of the whole bucket every step). The values
+    travel as their bytes (uint8), which JAX passes through untouched: it narrows 64-bit results to 32 bits
+    when the thread running the callback has not enabled x64."""
     from jax._src import callback
 
-    def host(token: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return np.int32(token + 1), arena.allreduce(x)
+    def host(token: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        total = arena.allreduce(data.reshape(-1).view(np.dtype(dtype)))
+        return np.int32(token + 1), total.view(np.uint8).reshape(data.shape)
 
     sharding = callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
-    results, _, _ = callback.emit_python_callback(ctx, host, None, [token, x], ctx.avals_in, ctx.avals_out,
+    results, _, _ = callback.emit_python_callback(ctx, host, None, [token, data], ctx.avals_in, ctx.avals_out,
                                                   has_side_effect=False, returns_token=False, sharding=sharding)
     return results
 
@@ -81,10 +84,14 @@ class _SharedSum:
         self.arena = arena
         self.token: Any = None
 
-    def __call__(self, x: Any) -> Any:
+    def __call__(self, x: Any, axis: str) -> Any:
+        dtype = jnp.dtype(x.dtype)
+        if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+            return lax.psum(x, axis)  # booleans, complex: XLA's collective
         token = self.token if self.token is not None else jnp.zeros((), jnp.int32)
-        self.token, out = _shared_sum_p.bind(token, x, arena=self.arena)
-        return out
+        data = lax.bitcast_convert_type(jnp.ravel(x), jnp.uint8)
+        self.token, total = _shared_sum_p.bind(token, data, arena=self.arena, dtype=dtype.str)
+        return lax.bitcast_convert_type(total, dtype).reshape(x.shape)
 
 
 _SHARED: contextvars.ContextVar[_SharedSum | None] = contextvars.ContextVar("flotilla_shared_sum", default=None)
@@ -121,7 +128,7 @@ def _sum(x: Any, axis: str, shared: bool) -> Any:
     """The sum of ``x`` over the group: through the shared arena when the run has one (and ``shared``:
     not inside control flow, whose trace cannot hand the chaining token back out), else ``psum``."""
     via = _SHARED.get() if shared else None
-    return via(x) if via is not None else lax.psum(x, axis)
+    return via(x, axis) if via is not None else lax.psum(x, axis)
 
 
 def _allreduce_dense(xs: list[Any], axis: str, shared: bool = True) -> list[Any]:

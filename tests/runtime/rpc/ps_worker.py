@@ -81,7 +81,7 @@ def transpiler(args: argparse.Namespace, role: Any) -> tuple[DistributeTranspile
     if args.geo:
         config.geo_sgd_mode, config.geo_sgd_need_push_nums = True, args.geo
     trainers: Any = role.trainers
-    if args.hybrid:
+    if getattr(args, "hybrid", False):  # callers that build their own Namespace leave it out
         config.mode, trainers = "hybrid", ",".join(role.trainer_endpoints)
     t = DistributeTranspiler(config)
     t.transpile(role.trainer_id, program=main, startup_program=startup, pservers=role.pservers,
