@@ -426,12 +426,11 @@ def worker_main(argv: list[str]) -> None:
 #: torch's figures from the last run of ``--vs-torch`` here, printed (marked "not measured in this run") when
 #: torch is not importable. Keys as ``figure_catalog``'s.
 RECORDED_TORCH: dict[str, Any] = {
-    "measured": "2026-11-25 on this 2-core machine by `nice -n 5 python bench/collective_bench.py --vs-torch`, "
-                "load 2.3-7.7",
+    "measured": "2026-11-25 on this 2-core machine by `python bench/collective_bench.py --vs-torch`, load 1.2-3.6",
     "torch": "2.13.0+cpu",
-    "figures": {"allreduce_4MiB_n2": 1.25, "allreduce_64MiB_n2": 1.6, "allreduce_4MiB_n4": 0.87,
-                "allreduce_64MiB_n4": 1.13, "resnet_n1": 809.0, "resnet_n2": 436.0, "resnet_n4": 388.0,
-                "transformer_n1": 1286.0, "transformer_n2": 2380.0, "transformer_n4": 1222.0},
+    "figures": {"allreduce_4MiB_n2": 1.35, "allreduce_64MiB_n2": 1.73, "allreduce_4MiB_n4": 0.83,
+                "allreduce_64MiB_n4": 1.07, "resnet_n1": 1055.0, "resnet_n2": 706.0, "resnet_n4": 482.0,
+                "transformer_n1": 1273.0, "transformer_n2": 3088.0, "transformer_n4": 1449.0},
 }
 MODEL_NAMES = ("resnet", "transformer")
 ALLREDUCE_PROCS = (2, 4)
@@ -557,7 +556,7 @@ def plot_scaling(path: str, rows: Sequence[Row]) -> str:
     fig, axes = plt.subplots(1, len(MODEL_NAMES), figsize=(5 * len(MODEL_NAMES), 4))
     for ax, name in zip(axes, MODEL_NAMES):
         points = [(n, by_key[f"{name}_n{n}"]) for n in MODEL_PROCS if f"{name}_n{n}" in by_key]
-        ax.plot([n for n, _ in points], [r.flotilla for _, r in points], "o-", label="Flotilla (nccl2, XLA)")
+        ax.plot([n for n, _ in points], [r.flotilla for _, r in points], "o-", label="Flotilla (nccl2)")
         theirs = [(n, r.torch) for n, r in points if r.torch is not None]
         if theirs:
             measured = all(r.torch_measured for _, r in points)
