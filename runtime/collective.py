@@ -154,14 +154,12 @@ def _set_up_arena(trainer_id: int, nranks: int, timeout: float) -> None:
     global _arena
     from jax._src import distributed
 
-    from runtime import shm_collective
-    from runtime import malloc
+    from runtime import shm_collective, shm_ffi
 
     on_cpu = all(d.platform == "cpu" for d in jax.local_devices())
     _arena = shm_collective.setup(distributed.global_state.client, trainer_id, nranks, timeout, on_cpu)
     if _arena is not None:
-        malloc.tune(no_mmap=True)  # XLA's buffers around the callbacks: recycled, not page-faulted in each step
-        shm_collective.quiet_callback_log()
+        shm_ffi.install(_arena)
 
 
 def step_failed(error: BaseException) -> bool:

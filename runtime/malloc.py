@@ -1,5 +1,4 @@
-"""Keep the allocator from page-faulting every large buffer in (RPC messages, the buffers XLA hands a
-host callback).
+"""Keep the allocator from page-faulting every large RPC buffer in.
 
 glibc serves an allocation above its mmap threshold (128 KiB at start, raised dynamically as large
 blocks are freed, up to 32 MiB) with a fresh ``mmap``, which costs a page fault per 4 KiB touched
@@ -10,12 +9,6 @@ process). ``tune()`` fixes the threshold at 32 MiB and the trim threshold at 256
 process, so those buffers are recycled from the heap; the cost is that up to that much freed memory
 stays in the process. On the CTR job (1 pserver x 2 async trainers, ``bench/ps_bench.py``, back to back
 with ``FLAGS_rpc_tune_malloc`` 1 and 0) the job's CPU per 1,000 examples was 35.9 against 38.7 ms.
-
-``tune(no_mmap=True)`` (a trainer whose allreduce goes through shared memory, ``runtime.shm_collective``)
-also stops glibc from serving any allocation with its own ``mmap``: XLA allocates the buffers around a
-host callback afresh every step, and one of 64 MiB, above the largest threshold glibc allows, took ~20 ms
-of page faults a call; from the heap the shared-memory allreduce of 64 MiB ran 3x faster. The cost: freed
-memory below the trim threshold is kept by the process, and large blocks can fragment the heap.
 ``FLAGS_rpc_tune_malloc=0`` leaves the allocator alone; other C libraries are left alone.
 """
 from __future__ import annotations
@@ -28,26 +21,21 @@ from runtime.flags import bool_flag
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
-M_MMAP_MAX = -4
 MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit
 TRIM_THRESHOLD = 256 << 20
 
 _lock = threading.Lock()
 _done: bool | None = None
-_no_mmap: bool | None = None
 
 
-def tune(*, no_mmap: bool = False) -> bool:
-    """Set the thresholds once per process (and, with ``no_mmap``, stop glibc's own mmaps; see the module
-    docstring); whether they are set."""
-    global _done, _no_mmap
+def tune() -> bool:
+    """Set the thresholds once per process (see the module docstring); whether they are set."""
+    global _done
     with _lock:
         if _done is None:
             _done = bool_flag("FLAGS_rpc_tune_malloc") and _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and \
                 _mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-        if no_mmap and _done and _no_mmap is None:
-            _no_mmap = _mallopt(M_MMAP_MAX, 0)
-        return _done and (_no_mmap is True or not no_mmap)
+        return _done
 
 
 def _mallopt(param: int, value: int) -> bool:

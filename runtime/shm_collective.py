@@ -8,7 +8,8 @@ kernel boot, network namespace and ``/dev/shm``), the group maps one arena of sh
 1. each rank copies its chunk of the buffer into its own slot of the arena and arrives at a barrier;
 2. each rank sums its 1/n share of the chunk over the n slots into the arena's result region (the
    reduction work is split, as in a reduce-scatter) and arrives at a second barrier;
-3. each rank hands the summed chunk back to XLA (the only copy out).
+3. each rank copies the summed chunk back into the step's buffer, in place (``runtime.shm_ffi``: the
+   compiled step calls this through an XLA FFI target whose result aliases its operand).
 A buffer larger than the arena's chunk goes through in chunks. Rounds alternate between two halves of
 the arena, so a rank may write round r+2 only after every rank arrived at round r+1, i.e. after every
 rank finished reading round r: no barrier is needed at the end of a round.
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import logging
 import mmap
 import os
 import platform
@@ -140,7 +140,6 @@ class Arena:
         self._pids: dict[int, int] = {}
         self.failure: str | None = None  # why a call failed: the arena is unusable from then on
         self.gone: list[int] = []  # the trainers whose processes were gone when it failed
-        self._out: dict[tuple[int, str], np.ndarray] = {}  # reused outputs of chunked calls
         self._mine[_PID] = os.getpid()
 
     @staticmethod
@@ -153,23 +152,24 @@ class Arena:
         return self._bytes[start:start + count * dtype.itemsize].view(dtype)
 
     def allreduce(self, x: np.ndarray) -> np.ndarray:
-        """The sum of ``x`` over the group's ranks (every rank calls with the same shape and dtype)."""
+        """The sum of ``x`` over the group's ranks, as a new array (every rank calls with the same shape
+        and dtype)."""
+        out = np.array(x, copy=True, order="C")
+        self.allreduce_into(out)
+        return out
+
+    def allreduce_into(self, buf: np.ndarray) -> None:
+        """Replace ``buf`` (C-contiguous) by its sum over the group's ranks: its chunks go through the arena
+        one round each, the sum copied back into it (the compiled step's own buffer, ``runtime.shm_ffi``)."""
         if self.failure is not None:
             raise ShmAllreduceError(f"the group's shared-memory allreduce failed earlier: {self.failure}")
-        x = np.ascontiguousarray(x)
-        flat = x.reshape(-1)
+        flat = buf.reshape(-1)
         self._seq += 1
-        per_chunk = max(1, self.chunk // max(1, x.dtype.itemsize))
+        per_chunk = max(1, self.chunk // max(1, buf.dtype.itemsize))
         try:
-            if flat.size <= per_chunk:
-                return self._round_trip(flat, x.nbytes, x.dtype.num, first=True).reshape(x.shape)
-            out = self._out.get((flat.size, x.dtype.str))
-            if out is None:
-                out = self._out[(flat.size, x.dtype.str)] = np.empty_like(flat)
             for start in range(0, flat.size, per_chunk):
                 part = flat[start:start + per_chunk]
-                out[start:start + part.size] = self._round_trip(part, x.nbytes, x.dtype.num, first=start == 0)
-            return out.reshape(x.shape)
+                np.copyto(part, self._round_trip(part, buf.nbytes, buf.dtype.num, first=start == 0))
         except ShmAllreduceError as e:
             self.failure, self.gone = e.message, e.gone
             raise
@@ -245,22 +245,10 @@ class Arena:
 
     def close(self) -> None:
         self._lines = self._mine = self._bytes = None  # type: ignore[assignment]
-        self._out.clear()
         try:
             self._map.close()
         except BufferError:  # a view handed to XLA may still be alive; the mapping goes with the process
             pass
-
-
-class _NotOurFailure(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], ShmAllreduceError))
-
-
-def quiet_callback_log() -> None:
-    """JAX logs every exception of a host callback with its traceback before re-raising it; a failed
-    shared-memory allreduce is reported once, by the Executor, as the collective failure it is."""
-    logging.getLogger("jax._src.callback").addFilter(_NotOurFailure())
 
 
 class _Futex:
@@ -403,5 +391,4 @@ def _map_arena(client: Any, key: str, rank: int, nranks: int, timeout_s: float,
     return arena, None
 
 
-__all__ = ["Arena", "CHOICES", "FLAG", "PREFIX", "create", "ShmAllreduceError", "choice", "host_identity", "quiet_callback_log", "setup",
-           "unusable_reason"]
+__all__ = ["Arena", "CHOICES", "FLAG", "PREFIX", "create", "ShmAllreduceError", "choice", "host_identity", "setup", "unusable_reason"]

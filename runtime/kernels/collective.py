@@ -30,9 +30,7 @@ import contextlib
 import contextvars
 from typing import Any, Iterator
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from runtime.kernels.registry import Ins, host_kernel, kernel, one
@@ -41,57 +39,25 @@ from runtime.scope import SelectedRows
 _AXIS: contextvars.ContextVar[str | None] = contextvars.ContextVar("flotilla_collective_axis", default=None)
 
 
-def _shared_sum_abstract(token: Any, data: Any, *, arena: Any, dtype: str) -> list[Any]:
-    return [jax.core.ShapedArray((), jnp.int32), jax.core.ShapedArray(data.shape, data.dtype)]
-
-
-def _shared_sum_lowering(ctx: Any, token: Any, data: Any, *, arena: Any, dtype: str) -> Any:
-    """A host callback taking XLA's operand buffers as numpy arrays as they come (``jax.pure_callback``
-    would first copy each into a new JAX array: a second copy of the whole bucket every step). The values
-    travel as their bytes (uint8), which JAX passes through untouched: it narrows 64-bit results to 32 bits
-    when the thread running the callback has not enabled x64."""
-    from jax._src import callback
-
-    def host(token: np.ndarray, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        total = arena.allreduce(data.reshape(-1).view(np.dtype(dtype)))
-        return np.int32(token + 1), total.view(np.uint8).reshape(data.shape)
-
-    sharding = callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
-    results, _, _ = callback.emit_python_callback(ctx, host, None, [token, data], ctx.avals_in, ctx.avals_out,
-                                                  has_side_effect=False, returns_token=False, sharding=sharding)
-    return results
-
-
-def _shared_sum_primitive() -> Any:
-    from jax._src.interpreters import mlir
-    from jax.extend.core import Primitive
-
-    prim = Primitive("flotilla_shared_sum")
-    prim.multiple_results = True
-    prim.def_abstract_eval(_shared_sum_abstract)
-    mlir.register_lowering(prim, _shared_sum_lowering, platform="cpu", cacheable=False)
-    return prim
-
-
-_shared_sum_p = _shared_sum_primitive()
-
-
 class _SharedSum:
     """A traced step's dense sums through the group's shared-memory arena (``runtime.shm_collective``):
-    each is a host callback; a token chains them so XLA runs them in trace order on every rank."""
+    each is a call of the XLA FFI target ``runtime.shm_ffi``, summing in place; a token chains them so
+    XLA runs them in trace order on every rank."""
 
     def __init__(self, arena: Any) -> None:
         self.arena = arena
         self.token: Any = None
 
     def __call__(self, x: Any, axis: str) -> Any:
+        from runtime import shm_ffi
+
         dtype = jnp.dtype(x.dtype)
-        if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+        if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)) \
+                or jnp.issubdtype(dtype, jnp.complexfloating):
             return lax.psum(x, axis)  # booleans, complex: XLA's collective
         token = self.token if self.token is not None else jnp.zeros((), jnp.int32)
-        data = lax.bitcast_convert_type(jnp.ravel(x), jnp.uint8)
-        self.token, total = _shared_sum_p.bind(token, data, arena=self.arena, dtype=dtype.str)
-        return lax.bitcast_convert_type(total, dtype).reshape(x.shape)
+        self.token, total = shm_ffi.allreduce(token, x)
+        return total
 
 
 _SHARED: contextvars.ContextVar[_SharedSum | None] = contextvars.ContextVar("flotilla_shared_sum", default=None)
