@@ -188,8 +188,11 @@ class Arena:
         result = self._region(half, self.nranks, part.dtype, n)
         if hi > lo:
             share = result[lo:hi]
-            np.add(self._region(half, 0, part.dtype, n)[lo:hi], self._region(half, 1, part.dtype, n)[lo:hi],
-                   out=share)
+            if self.nranks == 1:
+                np.copyto(share, self._region(half, 0, part.dtype, n)[lo:hi])
+            else:
+                np.add(self._region(half, 0, part.dtype, n)[lo:hi], self._region(half, 1, part.dtype, n)[lo:hi],
+                       out=share)
             for r in range(2, self.nranks):
                 np.add(share, self._region(half, r, part.dtype, n)[lo:hi], out=share)
         self._arrive()

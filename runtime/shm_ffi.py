@@ -75,6 +75,8 @@ class _ErrorCreateArgs(C.Structure):
                 ("errc", C.c_int)]
 
 
+# XLA sets struct_size to the end of a structure's last versioned field (the call frame's ``attrs``).
+_FRAME_SIZE = _CallFrame.attrs.offset + C.sizeof(_Attrs)
 _ERROR_CREATE = C.CFUNCTYPE(C.c_void_p, C.POINTER(_ErrorCreateArgs))
 # XLA_FFI_Api: struct_size, extension_start, api_version (24 bytes), internal_api, then XLA_FFI_Error_Create.
 _ERROR_CREATE_OFFSET = 8 + 8 + C.sizeof(_ApiVersion) + 8
@@ -95,6 +97,8 @@ _arena: Any = None
 
 def _array(pointer: int) -> np.ndarray:
     buf = C.cast(pointer, C.POINTER(_Buffer)).contents
+    if buf.struct_size < C.sizeof(_Buffer):
+        raise TypeError(f"XLA's FFI buffer is {buf.struct_size} bytes, not {C.sizeof(_Buffer)}")
     dtype = _DTYPES.get(buf.dtype)
     if dtype is None:
         raise TypeError(f"the shared-memory allreduce cannot sum XLA dtype {buf.dtype}")
@@ -113,6 +117,9 @@ def _error(api: int, message: str) -> int:
 
 def _handler(frame_pointer: Any) -> int | None:
     frame = frame_pointer.contents
+    if frame.struct_size < _FRAME_SIZE:  # another FFI ABI than the one mirrored here
+        return _error(frame.api, f"XLA's FFI call frame is {frame.struct_size} bytes, not the {_FRAME_SIZE} "
+                                 "this handler reads; set FLAGS_cpu_allreduce=xla")
     extension = frame.extension_start
     if extension and extension.contents.type == _EXTENSION_METADATA:  # XLA asks which FFI API we speak
         metadata = C.cast(extension, C.POINTER(_MetadataExtension)).contents.metadata.contents
@@ -122,6 +129,8 @@ def _handler(frame_pointer: Any) -> int | None:
     if frame.stage != _STAGE_EXECUTE:
         return None
     try:
+        if _arena is None:
+            raise RuntimeError("no shared-memory arena is installed in this process (runtime.shm_ffi.install)")
         token_in, data = _array(frame.args.items[0]), _array(frame.args.items[1])
         token_out, out = _array(frame.rets.items[0]), _array(frame.rets.items[1])
         if out.ctypes.data != data.ctypes.data:  # XLA kept the operand: sum into the result
