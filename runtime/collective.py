@@ -162,17 +162,9 @@ def _set_up_arena(trainer_id: int, nranks: int, timeout: float) -> None:
         shm_ffi.install(_arena)
 
 
-def step_failed(error: BaseException) -> bool:
-    """Whether ``error``, raised by a compiled run, is a failed collective: XLA's (a runtime error) or the
-    shared-memory allreduce's (which JAX re-raises from its callback as a ValueError)."""
-    if isinstance(error, jax.errors.JaxRuntimeError):
-        return True
-    return _arena is not None and _arena.failure is not None
-
-
 def shared_arena(dp: "DataParallel") -> Any:
     """The shared-memory arena a compiled run over ``dp`` sums through, or None (XLA's collectives): only
-    over the group's process mesh (one device a trainer: one callback a process)."""
+    over the group's process mesh (one device a trainer: one FFI call a process)."""
     group = _group
     if _arena is None or group is None or dp.nranks != group.nranks or len(dp.local_devices) != 1:
         return None
@@ -612,4 +604,4 @@ def _missing_ranks(wait_s: float = 2.0) -> list[int]:
 
 
 __all__ = ["AXIS", "CollectiveError", "DataParallel", "Group", "check_program", "current_group", "describe_failure",
-           "device_mesh", "join_group", "local_value", "process_mesh", "shared_arena", "step_failed"]
+           "device_mesh", "join_group", "local_value", "process_mesh", "shared_arena"]

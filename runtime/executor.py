@@ -244,13 +244,11 @@ class Executor:
                 value = local_value(value, batch=_is_batch(block, name, plan.persistable),
                                     merge=name not in plan.persistable)
                 results.append(_to_numpy(value) if return_numpy else value)
-        except (jax.errors.JaxRuntimeError, ValueError) as e:
+        except jax.errors.JaxRuntimeError as e:
             if dp is None and plan.collective_nranks is None:
                 raise
-            from runtime.collective import describe_failure, step_failed
+            from runtime.collective import describe_failure
 
-            if not step_failed(e):
-                raise
             raise describe_failure(e) from e  # a collective step failed: a peer died or hung up
         return results
 

@@ -2,8 +2,9 @@
 
 XLA's CPU collectives (gloo over TCP) move 0.5-0.9 GB/s of bus bandwidth between two processes of this
 machine, where a memory copy runs at ~20 GB/s. When every trainer of the group shares this host (same
-kernel boot, network namespace and ``/dev/shm``), the group maps one arena of shared memory and a dense
-``c_allreduce_sum`` becomes a host callback inside the compiled step that sums through it:
+kernel boot, network and PID namespaces, ``/dev/shm``), the group maps one arena of shared memory and a
+dense ``c_allreduce_sum`` becomes a call, inside the compiled step, of an XLA FFI target
+(``runtime.shm_ffi``) that sums through it:
 
 1. each rank copies its chunk of the buffer into its own slot of the arena and arrives at a barrier;
 2. each rank sums its 1/n share of the chunk over the n slots into the arena's result region (the
@@ -250,7 +251,7 @@ class Arena:
         self._lines = self._mine = self._bytes = None  # type: ignore[assignment]
         try:
             self._map.close()
-        except BufferError:  # a view handed to XLA may still be alive; the mapping goes with the process
+        except BufferError:  # a caller still holds a view of it; the mapping goes with the process
             pass
 
 

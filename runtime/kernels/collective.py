@@ -11,7 +11,8 @@ which is what a group of one computes.
 - ``c_broadcast`` is a sum of the root's value and zeros elsewhere.
 - A dense sum is ``lax.psum`` (XLA's collective: NCCL on GPU, gloo on CPU), or, when the run was traced
   with the group's shared-memory arena (``runtime.shm_collective``: every trainer on this host, CPU), a
-  host callback summing through it, chained to the step's other such calls in trace order.
+  call of its XLA FFI target (``runtime.shm_ffi``) summing in place, chained to the step's other such
+  calls in trace order.
 - ``c_local_sgd`` averages only on every ``k_steps``-th step, under ``lax.cond``, so the other steps
   pay no communication.
 - ``dgc_momentum`` (Deep Gradient Compression, Lin et al. 2018, as Fluid 1.6's ``dgc_momentum``) is an
