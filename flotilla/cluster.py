@@ -47,7 +47,6 @@ import runtime
 from ir.roles import OpRole
 from runtime.role import Role, role_from_env
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
-from transpiler.config import TranspilerError
 
 T = TypeVar("T")
 
@@ -123,15 +122,7 @@ def distribute(main: ir.Program, startup: ir.Program, *, sync_mode: bool = True,
     if not role.is_distributed:
         return Distributed(role, main, startup)
     t = DistributeTranspiler(config)
-    trainers: int | str = role.trainers
-    own_endpoint = None
-    if config is not None and config.is_hybrid:
-        if not role.trainer_endpoints:
-            raise TranspilerError("hybrid mode needs every trainer's endpoint, but PADDLE_TRAINER_ENDPOINTS is "
-                                  "not set", hint="start the job with 'flotilla launch --server_num N "
-                                                  "--worker_num M', which sets it", code="E702")
-        trainers = ",".join(role.trainer_endpoints)
-        own_endpoint = role.current_endpoint if role.is_trainer else None
+    trainers, own_endpoint = role.ps_transpile_peers(config is not None and config.is_hybrid)
     t.transpile(role.trainer_id, program=main, startup_program=startup, pservers=role.pservers,
                 trainers=trainers, sync_mode=sync_mode, current_endpoint=own_endpoint)
     if role.is_trainer:

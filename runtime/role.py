@@ -148,6 +148,18 @@ class Role:
         """This pserver's position in ``pserver_endpoints``; None for a trainer."""
         return self.pserver_endpoints.index(self.current_endpoint) if self.is_pserver else None
 
+    def ps_transpile_peers(self, hybrid: bool, what: str = "hybrid mode") -> tuple[int | str, str | None]:
+        """The ``trainers`` and ``current_endpoint`` arguments of this process's parameter-server transpile:
+        the trainer count and no endpoint, or in hybrid mode (the trainers form an allreduce group, so
+        every process needs every trainer's endpoint) the trainer endpoints and, on a trainer, its own."""
+        if not hybrid:
+            return self.trainers, None
+        if not self.trainer_endpoints:
+            raise LaunchError(f"{what} needs every trainer's endpoint, but PADDLE_TRAINER_ENDPOINTS is not set",
+                              hint="start the job with 'flotilla launch --server_num N --worker_num M', which "
+                                   "sets it", code="E805")
+        return ",".join(self.trainer_endpoints), self.current_endpoint if self.is_trainer else None
+
 
 def _get(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name)

@@ -41,15 +41,8 @@ class ParameterServerFleet(Fleet):
             self.main_program, self.startup_program = main, startup
             return
         t = DistributeTranspiler(config)
-        trainers: int | str = role.trainers
-        own_endpoint = None
-        if config.is_hybrid:  # the workers form an allreduce group: every one needs every endpoint
-            if not role.trainer_endpoints:
-                raise FleetError("the hybrid strategy needs every worker's endpoint, but PADDLE_TRAINER_ENDPOINTS "
-                                 "is not set", hint="start the job with 'flotilla launch --server_num N "
-                                 "--worker_num M', which sets it", code="E757")
-            trainers = ",".join(role.trainer_endpoints)
-            own_endpoint = role.current_endpoint if role.is_trainer else None
+        # The workers of a hybrid job form an allreduce group: every one needs every endpoint.
+        trainers, own_endpoint = role.ps_transpile_peers(config.is_hybrid, "the hybrid strategy")
         t.transpile(role.trainer_id, program=main, startup_program=startup, pservers=role.pservers,
                     trainers=trainers, sync_mode=sync_mode, current_endpoint=own_endpoint)
         if role.is_trainer:

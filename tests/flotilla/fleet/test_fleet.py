@@ -14,7 +14,7 @@ from flotilla.fleet import (DistributedStrategy, FleetError, PaddleCloudRoleMake
                             StrategyFactory, UserDefinedCollectiveRoleMaker, UserDefinedRoleMaker)
 from flotilla.fleet.collective import CollectiveFleet
 from ir.errors import FlotillaError
-from runtime.role import ROLE_ENV_VARS
+from runtime.role import ROLE_ENV_VARS, LaunchError
 
 SERVERS = ["127.0.0.1:6174", "127.0.0.1:6175"]
 
@@ -203,9 +203,9 @@ def test_hybrid_strategy_misuse_is_named(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
     monkeypatch.setenv("TRAINING_ROLE", "TRAINER")
     monkeypatch.setenv("PADDLE_TRAINER_ID", "0")
-    with pytest.raises(FleetError, match="PADDLE_TRAINER_ENDPOINTS is not set") as info:
+    with pytest.raises(LaunchError, match="PADDLE_TRAINER_ENDPOINTS is not set") as info:
         _hybrid_minimized(ParameterServerFleet(), StrategyFactory.create_hybrid_strategy())
-    assert info.value.code == "E757"
+    assert info.value.code == "E805"
     collective = CollectiveFleet()
     collective.init(UserDefinedCollectiveRoleMaker(0, HYBRID_WORKERS.split(",")))
     for strategy in (StrategyFactory.create_hybrid_strategy(), fluid.DistributeTranspilerConfig(mode="hybrid")):
