@@ -547,6 +547,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--jobs", nargs="+", default=None,
                     help="PS jobs as PxT-mode, e.g. 1x2-async 2x2-sync (default: 1x2 and 2x2, sync and async)")
     ap.add_argument("--skip-transport", action="store_true")
+    ap.add_argument("--skip-jobs", action="store_true",
+                    help="transport only: no CTR job (not even the single-process one)")
     ap.add_argument("--data-plane", choices=("off", "auto", "both"), default="auto",
                     help="FLAGS_rpc_data_plane of every figure: off (gRPC), auto (shared memory on one host; the "
                          "default) or both (each transport figure and PS job both ways, in one run)")
@@ -712,7 +714,7 @@ def print_trust(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    jobs = [Job("single-process", 0, 1, "local")] + [parse_job(j) for j in args.jobs]
+    jobs = [] if args.skip_jobs else [Job("single-process", 0, 1, "local")] + [parse_job(j) for j in args.jobs]
     env = child_env(args)
     variants = trust_variants(args, env)
     paddle = paddle_version(args.paddle_python) if args.vs_paddle else None
@@ -760,16 +762,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             except NetnsError as e:
                 raise BenchError(f"the cross-host runs could not be set up: {e}",
                                  hint="namespaces need root and iproute2; drop --hosts/--netns") from e
-    local = rows[0]["total"]
+    local = rows[0]["total"] if rows else 0.0
     if tcp:
         print_transport(tcp, by_mode)
-    print_jobs(rows, local, paddle)
+    if rows:
+        print_jobs(rows, local, paddle)
     for name, why in paddle_failures.items():
         print(f"  {name}: Paddle's run failed ({why}); see its log")
     print_trust(rows)
     print_cross_host(rows)
     print_data_plane(rows)
-    print_summary(tcp, by_mode, rows, local, paddle, rows[0].get("cpu_ms_per_kex"))
+    print_summary(tcp, by_mode, rows, local, paddle, rows[0].get("cpu_ms_per_kex") if rows else None)
     load_after = os.getloadavg()
     left = sorted(set(leftover_segments()) - segments_before)
     if left:
