@@ -46,7 +46,8 @@ from runtime.flags import INSECURE_ENV, TOKEN_ENV, FlagError, RPCSecurity
 from runtime import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
-from runtime.rpc.shm import BatchWriter, PServerPlane, ShmError, copy_out
+from runtime.rpc.shm import (CONTROL_ERROR, CONTROL_GET, CONTROL_OK, CONTROL_SEND, MAX_CONTROL_MESSAGE, BatchWriter,
+                             ControlServer, PServerPlane, ShmError, copy_out)
 from runtime.rpc.stream import ReceiveBuffers, encode_chunks
 from runtime.role import parse_endpoint
 from runtime.rpc.wire import WireError, decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
@@ -217,6 +218,25 @@ class ParameterServerService:
         self.pserver.get_many(req.get.trainer_id, names, encode, max_bytes=len(view))
         return self.plane.reply(req.slot, writer.pos).SerializeToString()
 
+    def control_call(self, method: bytes, raw: bytes) -> bytes:
+        """A ShmSend or ShmGet that came through the control socket (``runtime.rpc.shm.ControlServer``):
+        the same handler and checks as over gRPC, its status and message in the answer."""
+        try:
+            if method == CONTROL_SEND:
+                return CONTROL_OK + self.shm_send(raw)
+            if method == CONTROL_GET:
+                return CONTROL_OK + self.shm_get(raw)
+            status, message = "INVALID_ARGUMENT", f"unknown control-socket method {method!r}; expected S or G"
+        except PServerError as e:
+            status, message = e.status.value, str(e)
+        except WireError as e:
+            status, message = "INVALID_ARGUMENT", str(e)
+        except ShmError as e:
+            status, message = e.status, f"pserver {self.pserver.config.endpoint}: {e}"
+        except Exception as e:  # noqa: BLE001 - a bug must not take the server down
+            status, message = "INTERNAL", f"{type(e).__name__}: {e}"
+        return CONTROL_ERROR + f"{status}\n{message}".encode("utf-8", "replace")[:MAX_CONTROL_MESSAGE - 1]
+
     def _get_names(self, req: pb.GetVariablesRequest) -> list[str]:
         if not req.names:
             raise WireError("GetVariables names no variable", hint="list the parameter blocks to fetch")
@@ -339,6 +359,15 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
     pserver.closers.append(plane.close)
     pserver.data_plane = plane
     service = ParameterServerService(pserver, security.token, max_message, data_plane=plane)
+    if plane.enabled:
+        try:
+            control = ControlServer(service.control_call)
+        except OSError as e:  # the trainers' data-plane calls then take gRPC
+            print(f"pserver {endpoint}: no data-plane control socket ({e}); ShmSend/ShmGet go over gRPC",
+                  file=sys.stderr, flush=True)
+        else:
+            plane.control = control
+            pserver.closers.append(control.close)
     server.add_generic_rpc_handlers((service.generic_handler(),))
     creds = server_credentials(security)
     try:

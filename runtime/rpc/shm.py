@@ -68,8 +68,13 @@ from runtime.rpc.wire import BATCH_FIELD, Decoded, _varint
 from runtime.scope import SelectedRows
 
 SHM_DIR = "/dev/shm"
-HEADER_BYTES = 64  # the nonce lives here; transfers start after it (cache-line aligned)
+HEADER_BYTES = 64  # the nonce and the control socket's id live here; transfers start after it (cache-line aligned)
 NONCE_BYTES = 32
+CONTROL_ID_BYTES = 16  # header bytes [NONCE_BYTES, NONCE_BYTES + 16): the pserver's control socket (0s: none)
+CONTROL_PREFIX = b"\0flotilla-ctl-"  # an abstract Unix socket: nothing on disk, gone with its process
+MAX_CONTROL_MESSAGE = 1 << 16  # a larger request (a ShmGet of very many names) takes gRPC
+CONTROL_SEND, CONTROL_GET = b"S", b"G"
+CONTROL_OK, CONTROL_ERROR = b"\0", b"\1"
 MAX_SEGMENTS = 8  # per trainer incarnation and pserver: one send and a few get slots in flight
 DEFAULT_MAX_BYTES = 4 << 30
 SEQ_WINDOW = 1024
@@ -158,8 +163,10 @@ class Segment:
             pass
 
 
-def create_segment(number: int, size: int, directory: str = SHM_DIR) -> tuple[Segment, bytes]:
-    """A fresh segment of ``size`` bytes (mode 0600, random name) and the nonce written at its start."""
+def create_segment(number: int, size: int, directory: str = SHM_DIR,
+                   control_id: bytes = b"") -> tuple[Segment, bytes]:
+    """A fresh segment of ``size`` bytes (mode 0600, random name) and the nonce written at its start, the
+    pserver's control socket id (``control_id``, if any) after it."""
     nonce = secrets.token_bytes(NONCE_BYTES)
     path = os.path.join(directory, f"flotilla-{os.getpid()}-{secrets.token_hex(12)}")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -173,6 +180,8 @@ def create_segment(number: int, size: int, directory: str = SHM_DIR) -> tuple[Se
         finally:
             raise
     seg.array[:NONCE_BYTES] = np.frombuffer(nonce, np.uint8)
+    if control_id:
+        seg.array[NONCE_BYTES:NONCE_BYTES + CONTROL_ID_BYTES] = np.frombuffer(control_id, np.uint8)
     return seg, nonce
 
 
@@ -312,6 +321,7 @@ class PServerPlane:
         self._lock = threading.Lock()
         self._trainers: dict[int, _TrainerSegments] = {}
         self._closed = False
+        self.control: ControlServer | None = None  # announced in every segment's header (start_server sets it)
 
     def open(self, req: pb.ShmOpenRequest) -> pb.ShmOpenReply:
         """Create one more segment for the trainer (see the module docstring), or say why not."""
@@ -343,7 +353,8 @@ class PServerPlane:
                 if size > free.f_bavail * free.f_frsize // 2:
                     return pb.ShmOpenReply(reason=f"{self.directory} has too little room for {size} bytes",
                                            later=True)
-                seg, nonce = create_segment(len(mine.segments), size, self.directory)
+                seg, nonce = create_segment(len(mine.segments), size, self.directory,
+                                            self.control.id if self.control is not None else b"")
             except OSError as e:
                 return pb.ShmOpenReply(reason=f"creating a segment failed: {e}", later=e.errno == errno.ENOSPC)
             mine.segments.append(seg)
@@ -423,6 +434,95 @@ class PServerPlane:
                 self._drop_locked(t)
 
 
+# --- the control socket ----------------------------------------------------------------------------------
+def control_address(control_id: bytes) -> bytes:
+    """The abstract Unix socket address of the control server with ``control_id``."""
+    return CONTROL_PREFIX + control_id.hex().encode("ascii")
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of the Unix socket ``conn`` (SO_PEERCRED)."""
+    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid
+
+
+class ControlServer:
+    """The pserver's same-host control socket: ShmSend and ShmGet requests (the bytes gRPC would carry,
+    after a one-byte method) answered by ``handle(method, request)`` (``CONTROL_OK`` + the reply, or
+    ``CONTROL_ERROR`` + ``STATUS\nmessage``), one thread per connected trainer. Only processes of this
+    user get served (their uid, SO_PEERCRED, is checked at accept); every reference is checked exactly as
+    over gRPC. ``close`` stops accepting and ends every connection."""
+
+    def __init__(self, handle: Callable[[bytes, bytes], bytes]) -> None:
+        self.id = secrets.token_bytes(CONTROL_ID_BYTES)
+        self._handle = handle
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            self._sock.bind(control_address(self.id))
+            self._sock.listen(64)
+        except OSError:
+            self._sock.close()
+            raise
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._closed = False
+        self.calls = 0  # requests answered (a test checks transfers take this path)
+        threading.Thread(target=self._accept, name="shm-control", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed
+                return
+            if peer_uid(conn) != os.geteuid():
+                conn.close()
+                continue
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="shm-control-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                msg = conn.recv(MAX_CONTROL_MESSAGE)
+                if not msg:
+                    return
+                answer = self._handle(msg[:1], msg[1:])
+                with self._lock:
+                    self.calls += 1
+                conn.send(answer)
+        except OSError:  # the trainer went away, or close()
+            return
+        finally:
+            with self._lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+            conn.close()
+
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        for s in (self._sock, *conns):
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept or recv
+            except OSError:
+                pass
+        self._sock.close()
+
+
+class ControlFailed(Exception):
+    """The control socket broke before an answer came: the call is made over gRPC instead."""
+
+
 # --- the trainer's side ---------------------------------------------------------------------------------
 class TrainerPlane:
     """The segments one trainer holds with one pserver (``state``: None before the first ShmOpen, True
@@ -434,8 +534,10 @@ class TrainerPlane:
         self.state: bool | None = None
         self.reason = ""
         self.segments: list[Segment] = []
-        self.lock = threading.Lock()  # guards the fields above and `busy`
+        self.lock = threading.Lock()  # guards the fields above, `busy` and the connections below
         self._seq = 0
+        self.control: bytes | None = None  # the pserver's control socket (from a segment's header); None: gRPC
+        self._idle: list[socket.socket] = []  # connected, not in use
 
     def next_seq(self) -> int:
         with self.lock:
@@ -461,7 +563,57 @@ class TrainerPlane:
     def add(self, seg: Segment) -> None:
         with self.lock:
             seg.busy = True
+            if not self.segments:  # the pserver's control socket, if it has one
+                control_id = bytes(seg.array[NONCE_BYTES:NONCE_BYTES + CONTROL_ID_BYTES])
+                self.control = control_address(control_id) if any(control_id) else None
             self.segments.append(seg)
+
+    def call(self, method: bytes, request: bytes, timeout: float) -> tuple[str, bytes]:
+        """``method`` (``CONTROL_SEND``/``CONTROL_GET``) through the pserver's control socket: ``("OK",
+        reply)`` or ``(status name, message)``. Raises ControlFailed when there is no control socket or it
+        broke before answering (from then on this pserver's calls take gRPC), TimeoutError after ``timeout``
+        seconds (that connection is dropped: its answer may still come)."""
+        with self.lock:
+            address = self.control
+            conn = self._idle.pop() if self._idle else None
+        if address is None or len(request) >= MAX_CONTROL_MESSAGE:
+            if conn is not None:
+                conn.close()
+            raise ControlFailed("no control socket")
+        try:
+            if conn is None:
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+                conn.settimeout(timeout)
+                conn.connect(address)
+                if peer_uid(conn) != os.geteuid():
+                    raise ConnectionRefusedError("the control socket belongs to another user")
+            conn.settimeout(timeout)
+            conn.send(method + request)
+            answer = conn.recv(MAX_CONTROL_MESSAGE)
+            if not answer:
+                raise ConnectionResetError("the pserver closed the control socket")
+        except (socket.timeout, TimeoutError):
+            conn.close()
+            raise TimeoutError(f"no answer through the control socket in {timeout:.3g}s") from None
+        except OSError as e:
+            if conn is not None:
+                conn.close()
+            with self.lock:
+                self.control = None
+                idle, self._idle = self._idle, []
+            for c in idle:
+                c.close()
+            raise ControlFailed(str(e)) from None
+        with self.lock:
+            if self.control is not None:
+                self._idle.append(conn)
+                conn = None
+        if conn is not None:
+            conn.close()
+        if answer[:1] == CONTROL_OK:
+            return "OK", answer[1:]
+        status, _, message = answer[1:].decode("utf-8", "replace").partition("\n")
+        return status, message.encode("utf-8")
 
     def give_back(self, seg: Segment) -> None:
         with self.lock:
@@ -485,7 +637,10 @@ class TrainerPlane:
     def close(self) -> None:
         with self.lock:
             segments, self.segments = self.segments, []
-            self.state = False
+            idle, self._idle = self._idle, []
+            self.state, self.control = False, None
+        for conn in idle:
+            conn.close()
         for seg in segments:
             seg.close()
 
