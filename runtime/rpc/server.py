@@ -14,6 +14,9 @@ byte of shared memory, copies a sent batch out of the segment before it decodes 
 segment once the call returns), and writes a fetched batch straight into the trainer's slot (one copy of each
 value, under the pserver's read locks); the decoded batch then goes through exactly the checks of
 SendVariables / GetVariables. ``start_server(..., data_plane="off")`` answers every ShmOpen with no segment.
+With the data plane on it also starts the pserver's control socket (``runtime.rpc.shm.ControlServer``):
+ShmSend and ShmGet arriving there go to the same two handlers (``control_call``), their errors mapped to
+the same status names as ``_statuses`` gives gRPC; it stops with the pserver (``pserver.closers``).
 
 Server options: message limits from the largest variable the program moves (at least 4 MiB),
 ``grpc.so_reuseport`` off (binding a taken port fails instead of sharing it), no HTTP proxy, keepalive

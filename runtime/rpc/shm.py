@@ -2,13 +2,15 @@
 
 gRPC stays the control plane and the default path (``FLAGS_rpc_data_plane=off`` keeps everything on it).
 With ``auto`` (the default) a trainer whose pserver runs on its own host moves batches of at least
-``FLAGS_rpc_data_plane_min_bytes`` (256 KiB) through segments of shared memory; the gRPC call carries only
-a reference.
+``FLAGS_rpc_data_plane_min_bytes`` (256 KiB) through segments of shared memory; the call (through the
+pserver's control socket, else gRPC) carries only a reference.
 
 Segments. A trainer asks its pserver for a segment (``ShmOpen``: trainer id, live incarnation, the
 trainer's ``host_id`` and a size). The pserver checks the incarnation and the host, creates a file under
 ``/dev/shm`` with a random name, ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0600 (readable and writable by
-the job's user only), writes a random nonce into its first ``HEADER_BYTES`` and answers the path, number,
+the job's user only), maps it with ``MAP_POPULATE`` (no page faults on first use; a trainer keeps its
+segments and reuses them for every later transfer), writes a random nonce and its control socket's id into
+its first ``HEADER_BYTES`` and answers the path, number,
 size and nonce. The trainer opens it without following links, checks it is a regular file of its own
 user, mode 0600, of the announced size and carrying the nonce (so it mapped the pserver's file, not one
 planted under that name), maps it, and unlinks the name: from then on only the two mappings hold the
@@ -17,6 +19,21 @@ a name already gone) whenever it drops a segment: when the trainer's incarnation
 trainer completes, and when the pserver stops (``PServerPlane.close``). A trainer incarnation holds at
 most ``MAX_SEGMENTS`` segments and ``max_bytes`` bytes; beyond that ``ShmOpen`` answers no path and the
 trainer stays on gRPC for that transfer.
+
+Control socket. Creating segments (``ShmOpen``) always goes over gRPC; the per-transfer calls (``ShmSend``,
+``ShmGet``: a reference each way) go through the pserver's control socket when it has one, a gRPC round
+trip costing about as much as copying 4 MiB. The pserver (``ControlServer``, started with its gRPC server
+when the data plane is on) listens on an abstract Unix socket (``SOCK_SEQPACKET``; nothing on disk, gone
+with the process) named by 16 random bytes it writes into every segment's header after the nonce, so a
+trainer learns it from a segment it has verified. The server serves only peers of its own user
+(``SO_PEERCRED`` at accept; the trainer checks the pserver's uid the same way) and hands each request,
+the bytes gRPC would carry, to the very handler gRPC calls: every check below applies unchanged, and an
+error comes back as the status and message gRPC would give. Without the job token on the socket the
+reference's MAC (keyed by the token) is what authenticates a request, as the segment's mode does for the
+payload. A trainer whose control socket cannot be reached or breaks (another network namespace, a
+stopping pserver) makes that call, and the later ones, over gRPC (with gRPC's deadline and retries: a
+send is idempotent by its per-variable seq, a retried get gets a fresh slot seq); a call that times out
+fails DEADLINE_EXCEEDED as over gRPC.
 
 References. A segment holds one transfer at a time, from ``HEADER_BYTES`` on: the bytes of a
 ``VariableBatch`` exactly as gRPC would carry them, so ``wire.decode_batch`` validates them exactly as
