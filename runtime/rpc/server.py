@@ -49,8 +49,8 @@ from runtime.flags import INSECURE_ENV, TOKEN_ENV, FlagError, RPCSecurity
 from runtime import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
-from runtime.rpc.shm import (CONTROL_ERROR, CONTROL_GET, CONTROL_OK, CONTROL_SEND, MAX_CONTROL_MESSAGE, BatchWriter,
-                             ControlServer, PServerPlane, ShmError, copy_out)
+from runtime.rpc.shm import (CONTROL_ERROR, CONTROL_GET, CONTROL_OK, CONTROL_PIPELINED, CONTROL_SEND,
+                             MAX_CONTROL_MESSAGE, BatchWriter, ControlServer, PServerPlane, Progress, ShmError, copy_out)
 from runtime.rpc.stream import ReceiveBuffers, encode_chunks
 from runtime.role import parse_endpoint
 from runtime.rpc.wire import WireError, decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
@@ -188,13 +188,21 @@ class ParameterServerService:
                                f"pserver serves {trainers} trainers (ids 0..{trainers - 1})")
         return self.plane.open(req).SerializeToString()
 
-    def shm_send(self, raw: bytes) -> bytes:
-        """SendVariables whose batch lies in shared memory: checked reference, copied out, then as gRPC's."""
+    def shm_send(self, raw: bytes, progress: Progress | None = None) -> bytes:
+        """SendVariables whose batch lies in shared memory: checked reference, copied out, then as gRPC's.
+        ``progress`` (a pipelined send through the control socket): the tensors' bytes are copied out as the
+        trainer reports them written (everything else was written before the request)."""
         ref = _parse(pb.ShmRef, raw)
-        _, view = self.plane.resolve(ref, b"send")
+        seg, view = self.plane.resolve(ref, b"send")
+        ready = None
+        if progress is not None:
+            start = seg.array.ctypes.data + ref.offset
+
+            def ready(address: int) -> None:
+                progress.wait(address - start)
         # the trainer reuses the segment once this call returns: the values are copied out (checked finite
         # on the way), and what is validated and kept is the copy
-        msgs = [copy_out(d, self.buffers) for d in decode_batch(view)]
+        msgs = [copy_out(d, self.buffers, ready) for d in decode_batch(view)]
         del view
         if not msgs:
             raise WireError("ShmSend carries no variable", hint="send at least one gradient in a batch")
@@ -221,12 +229,13 @@ class ParameterServerService:
         self.pserver.get_many(req.get.trainer_id, names, encode, max_bytes=len(view))
         return self.plane.reply(req.slot, writer.pos).SerializeToString()
 
-    def control_call(self, method: bytes, raw: bytes) -> bytes:
-        """A ShmSend or ShmGet that came through the control socket (``runtime.rpc.shm.ControlServer``):
-        the same handler and checks as over gRPC, its status and message in the answer."""
+    def control_call(self, method: bytes, raw: bytes, progress: Progress | None = None) -> bytes:
+        """A ShmSend (``progress``: pipelined) or ShmGet that came through the control socket
+        (``runtime.rpc.shm.ControlServer``): the same handler and checks as over gRPC, its status and
+        message in the answer."""
         try:
-            if method == CONTROL_SEND:
-                return CONTROL_OK + self.shm_send(raw)
+            if method in (CONTROL_SEND, CONTROL_PIPELINED):
+                return CONTROL_OK + self.shm_send(raw, progress)
             if method == CONTROL_GET:
                 return CONTROL_OK + self.shm_get(raw)
             status, message = "INVALID_ARGUMENT", f"unknown control-socket method {method!r}; expected S or G"

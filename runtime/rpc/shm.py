@@ -90,7 +90,10 @@ NONCE_BYTES = 32
 CONTROL_ID_BYTES = 16  # header bytes [NONCE_BYTES, NONCE_BYTES + 16): the pserver's control socket (0s: none)
 CONTROL_PREFIX = b"\0flotilla-ctl-"  # an abstract Unix socket: nothing on disk, gone with its process
 MAX_CONTROL_MESSAGE = 1 << 16  # a larger request (a ShmGet of very many names) takes gRPC
-CONTROL_SEND, CONTROL_GET = b"S", b"G"
+CONTROL_SEND, CONTROL_GET, CONTROL_PIPELINED = b"S", b"G", b"P"
+PIPELINE_MIN_BYTES = 16 << 20  # a send of this many bytes or more is written and copied out at once, by pieces
+PIECE_BYTES = 4 << 20  # the trainer reports its progress every piece (the pserver copies it while it is in cache)
+_PROGRESS = struct.Struct("<cQ")  # b"R" (written up to offset) or b"F" (all written, up to offset)
 CONTROL_OK, CONTROL_ERROR = b"\0", b"\1"
 MAX_SEGMENTS = 8  # per trainer incarnation and pserver: one send and a few get slots in flight
 DEFAULT_MAX_BYTES = 4 << 30
@@ -237,17 +240,40 @@ def round_size(nbytes: int) -> int:
     return HEADER_BYTES + max(1 << 20, -(-nbytes // granule) * granule)
 
 
-def write_batch(dst: memoryview, messages: list[tuple[list[Any], int]]) -> int:
+def write_batch(dst: memoryview, messages: list[tuple[list[Any], int]], defer: bool = False) -> int:
     """Write the VariableBatch of ``messages`` (``encode_parts`` results) into ``dst``; its length. Each
-    tensor is copied once, into ``dst``. Raises ShmError if it does not fit (nothing else is changed)."""
+    tensor is copied once, into ``dst``. Raises ShmError if it does not fit (nothing else is changed). With
+    ``defer`` the last part of each message (its tensor's bytes) is left to ``write_deferred``."""
     total = sum(len(_varint(BATCH_FIELD << 3 | 2)) + len(_varint(n)) + n for _, n in messages)
     if total > len(dst):
         raise ShmError(f"a batch of {total} bytes does not fit the {len(dst)} bytes of its data-plane slot",
                        hint="the trainer asks for a larger segment")
     writer = BatchWriter(dst)
     for parts, n in messages:
-        writer.put_parts(parts, n)
+        writer.put_parts(parts, n, defer)
     return writer.pos
+
+
+def deferred_parts(messages: list[tuple[list[Any], int]]) -> list[tuple[int, memoryview]]:
+    """(position in the batch, bytes) of the part ``write_batch(..., defer=True)`` left out of each message."""
+    out, pos = [], 0
+    for parts, n in messages:
+        pos += len(_varint(BATCH_FIELD << 3 | 2)) + len(_varint(n)) + n
+        last = memoryview(parts[-1]).cast("B")
+        out.append((pos - last.nbytes, last))
+    return out
+
+
+def write_deferred(dst: memoryview, deferred: list[tuple[int, memoryview]],
+                   written: Callable[[int], None] | None = None) -> None:
+    """Write the ``deferred_parts`` into ``dst`` in order, by pieces of ``PIECE_BYTES``, calling
+    ``written(end)`` after each piece (every byte of the batch before ``end`` is then in place)."""
+    for pos, part in deferred:
+        for at in range(0, part.nbytes, PIECE_BYTES):
+            end = min(at + PIECE_BYTES, part.nbytes)
+            dst[pos + at:pos + end] = part[at:end]
+            if written is not None:
+                written(pos + end)
 
 
 class BatchWriter:
@@ -256,38 +282,46 @@ class BatchWriter:
     def __init__(self, dst: memoryview) -> None:
         self.dst, self.pos = dst, 0
 
-    def put_parts(self, parts: list[Any], n: int) -> None:
+    def put_parts(self, parts: list[Any], n: int, defer_last: bool = False) -> None:
         prefix = _varint(BATCH_FIELD << 3 | 2) + _varint(n)
         if self.pos + len(prefix) + n > len(self.dst):
             raise ShmError(f"the reply does not fit its data-plane slot of {len(self.dst)} bytes",
                            hint="the trainer asks again with a larger slot", status="RESOURCE_EXHAUSTED")
         pos = self.pos
-        for piece in (prefix, *parts):
+        pieces = (prefix, *parts[:-1]) if defer_last else (prefix, *parts)
+        for piece in pieces:
             view = memoryview(piece).cast("B")
             self.dst[pos:pos + view.nbytes] = view
             pos += view.nbytes
-        self.pos = pos
+        self.pos = self.pos + len(prefix) + n
 
 
 _CHECK_CHUNK = 1 << 16  # elements: each is copied, then checked while it is still in the cache
 
 
-def copy_out(decoded: Decoded, buffers: ReceiveBuffers) -> Decoded:
+def copy_out(decoded: Decoded, buffers: ReceiveBuffers, ready: Callable[[int], None] | None = None) -> Decoded:
     """``decoded`` (read-only views of a segment) with its arrays copied into pooled buffers (read-only),
     every floating value checked finite on the way: one pass over the memory instead of a copy and a scan.
-    ``finite`` of the result says whether all were; the copy is what the pserver validates and keeps."""
+    ``finite`` of the result says whether all were; the copy is what the pserver validates and keeps (a
+    selected-rows value's row ids are checked against its height again, on the copy). ``ready(address)``,
+    if given, is called before the bytes below ``address`` are read (a pipelined send: they may still be
+    being written)."""
     value = decoded.value
     if isinstance(value, SelectedRows):
-        rows, _ = _copy_array(np.asarray(value.rows), buffers)
-        values, finite = _copy_array(np.asarray(value.values), buffers)
+        rows, _ = _copy_array(np.asarray(value.rows), buffers, ready)
+        if rows.size and (rows.min() < 0 or rows.max() >= value.height):
+            raise ShmError(f"selected rows {decoded.name!r}: the row ids changed while they were copied out of the "
+                           "segment; refused", hint="a trainer writes a segment only before its call")
+        values, finite = _copy_array(np.asarray(value.values), buffers, ready)
         return Decoded(decoded.header, SelectedRows(rows, values, value.height), finite)
-    copied, finite = _copy_array(value, buffers)
+    copied, finite = _copy_array(value, buffers, ready)
     return Decoded(decoded.header, copied, finite)
 
 
-def _copy_array(src: np.ndarray, buffers: ReceiveBuffers) -> tuple[np.ndarray, bool]:
+def _copy_array(src: np.ndarray, buffers: ReceiveBuffers,
+                ready: Callable[[int], None] | None = None) -> tuple[np.ndarray, bool]:
     """A read-only copy of the C-contiguous ``src`` in a pooled buffer, and whether every value is finite
-    (True for non-floating dtypes)."""
+    (True for non-floating dtypes); ``ready`` as in ``copy_out``."""
     if src.size == 0:
         empty = src.copy()
         empty.flags.writeable = False
@@ -297,13 +331,18 @@ def _copy_array(src: np.ndarray, buffers: ReceiveBuffers) -> tuple[np.ndarray, b
     flat = buf[:nbytes].view(src.dtype)
     out, into = memoryview(src.reshape(-1)).cast("B"), memoryview(buf)
     finite = True
+    base = src.ctypes.data
     if src.dtype.kind != "f":
+        if ready is not None:
+            ready(base + nbytes)
         into[:nbytes] = out
     else:
         size = src.dtype.itemsize
         flags = np.empty(min(flat.size, _CHECK_CHUNK), bool)
         for at in range(0, flat.size, _CHECK_CHUNK):
             end = min(at + _CHECK_CHUNK, flat.size)
+            if ready is not None:
+                ready(base + end * size)
             into[at * size:end * size] = out[at * size:end * size]
             if finite:
                 chunk = flags[:end - at]
@@ -463,14 +502,50 @@ def peer_uid(conn: socket.socket) -> int:
     return uid
 
 
+class Progress:
+    """How far the trainer of a pipelined send (``CONTROL_PIPELINED``) has written its batch: its reports
+    (``_PROGRESS``: ``R`` + offset after each piece, ``F`` + offset once all is written) arrive on the
+    request's connection. ``wait(offset)`` blocks until the bytes of the segment before ``offset`` are
+    written; ``drain`` reads the reports up to the final one, so the connection carries requests again."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn, self.upto, self.final, self.broken = conn, 0, False, False
+
+    def _next(self) -> None:
+        try:
+            msg = self.conn.recv(MAX_CONTROL_MESSAGE)
+        except OSError:
+            msg = b""
+        if len(msg) != _PROGRESS.size or msg[:1] not in (b"R", b"F") or _PROGRESS.unpack(msg)[1] < self.upto:
+            self.broken = True
+            raise ShmError("the trainer's pipelined send broke off or reported garbage progress; nothing was kept")
+        kind, self.upto = _PROGRESS.unpack(msg)
+        self.final = kind == b"F"
+
+    def wait(self, offset: int) -> None:
+        while self.upto < offset:
+            if self.final:
+                raise ShmError(f"the trainer's pipelined send ended at byte {self.upto} of its segment, before byte "
+                               f"{offset} the reference covers; nothing was kept")
+            self._next()
+
+    def drain(self) -> None:
+        while not self.final and not self.broken:
+            try:
+                self._next()
+            except ShmError:
+                return
+
+
 class ControlServer:
     """The pserver's same-host control socket: ShmSend and ShmGet requests (the bytes gRPC would carry,
-    after a one-byte method) answered by ``handle(method, request)`` (``CONTROL_OK`` + the reply, or
-    ``CONTROL_ERROR`` + ``STATUS\nmessage``), one thread per connected trainer. Only processes of this
-    user get served (their uid, SO_PEERCRED, is checked at accept); every reference is checked exactly as
-    over gRPC. ``close`` stops accepting and ends every connection."""
+    after a one-byte method) answered by ``handle(method, request, progress)`` (``CONTROL_OK`` + the reply,
+    or ``CONTROL_ERROR`` + ``STATUS\nmessage``), one thread per connected trainer; ``progress`` is a
+    ``Progress`` for a pipelined send, else None. Only processes of this user get served (their uid,
+    SO_PEERCRED, is checked at accept); every reference is checked exactly as over gRPC. ``close`` stops
+    accepting and ends every connection."""
 
-    def __init__(self, handle: Callable[[bytes, bytes], bytes]) -> None:
+    def __init__(self, handle: Callable[[bytes, bytes, "Progress | None"], bytes]) -> None:
         self.id = secrets.token_bytes(CONTROL_ID_BYTES)
         self._handle = handle
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -508,7 +583,12 @@ class ControlServer:
                 msg = conn.recv(MAX_CONTROL_MESSAGE)
                 if not msg:
                     return
-                answer = self._handle(msg[:1], msg[1:])
+                progress = Progress(conn) if msg[:1] == CONTROL_PIPELINED else None
+                answer = self._handle(msg[:1], msg[1:], progress)
+                if progress is not None:
+                    progress.drain()  # the reports the handler did not need (it refused the batch early)
+                    if progress.broken:
+                        return
                 with self._lock:
                     self.calls += 1
                 conn.send(answer)
@@ -585,11 +665,14 @@ class TrainerPlane:
                 self.control = control_address(control_id) if any(control_id) else None
             self.segments.append(seg)
 
-    def call(self, method: bytes, request: bytes, timeout: float) -> tuple[str, bytes]:
+    def call(self, method: bytes, request: bytes, timeout: float,
+             pipelined: tuple[memoryview, list[tuple[int, memoryview]]] | None = None) -> tuple[str, bytes]:
         """``method`` (``CONTROL_SEND``/``CONTROL_GET``) through the pserver's control socket: ``("OK",
         reply)`` or ``(status name, message)``. Raises ControlFailed when there is no control socket or it
         broke before answering (from then on this pserver's calls take gRPC), TimeoutError after ``timeout``
-        seconds (that connection is dropped: its answer may still come)."""
+        seconds (that connection is dropped: its answer may still come). ``pipelined``: (the segment from
+        its start, the ``deferred_parts`` at their offsets in it): a ``CONTROL_PIPELINED`` send whose parts
+        are written here, piece by piece, after the request left, each piece reported (``Progress``)."""
         with self.lock:
             address = self.control
             conn = self._idle.pop() if self._idle else None
@@ -606,6 +689,10 @@ class TrainerPlane:
                     raise ConnectionRefusedError("the control socket belongs to another user")
             conn.settimeout(timeout)
             conn.send(method + request)
+            if pipelined is not None:
+                segment, deferred = pipelined
+                write_deferred(segment, deferred, lambda end: conn.send(_PROGRESS.pack(b"R", end)))
+                conn.send(_PROGRESS.pack(b"F", max((pos + part.nbytes for pos, part in deferred), default=0)))
             answer = conn.recv(MAX_CONTROL_MESSAGE)
             if not answer:
                 raise ConnectionResetError("the pserver closed the control socket")

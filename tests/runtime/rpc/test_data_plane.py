@@ -241,6 +241,72 @@ def test_a_replayed_or_bad_request_through_the_control_socket_is_refused(planes:
     _same_state(s, before, snapshot)
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_pipelined_send_arrives_bit_exactly(mode: str, tracker: Tracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.rpc import client as client_mod, shm
+
+    monkeypatch.setattr(client_mod, "PIPELINE_MIN_BYTES", 1)  # every send pipelined ...
+    monkeypatch.setattr(shm, "PIECE_BYTES", 24)  # ... in many pieces, none aligned to an element
+    h = build_pserver(mode == "sync", serve=True, tracker=tracker)
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+    c.shm_threshold = 1
+    try:
+        c.get([(h.endpoint, "fc_b")])  # a segment, and the control socket
+        control = h.pserver.data_plane.control
+        before, calls = np.asarray(h.scope.find_var("fc_b")).copy(), control.calls
+        grad = np.random.default_rng(5).normal(size=(30,)).astype(np.float32)
+        c.send(h.endpoint, h.grad_name("fc_b", 0), grad)
+        c.wait_sends()
+        assert control.calls == calls + 1
+        if mode == "sync":
+            np.testing.assert_array_equal(np.asarray(h.scope.find_var(h.grad_name("fc_b", 0))), grad)
+        else:
+            np.testing.assert_allclose(np.asarray(h.scope.find_var("fc_b")), before - np.float32(LR) * grad, rtol=1e-6)
+        bad = np.full(30, np.nan, np.float32)  # checked finite piece by piece, as it is copied out
+        with pytest.raises(RPCError, match="NaN or Inf"):
+            c.send(h.endpoint, h.grad_name("fc_b", 0), bad)
+            c.wait_sends()
+    finally:
+        c.close()
+
+
+def _pipelined(s: PlaneServed, request: bytes, reports: list[bytes]) -> bytes:
+    """Send a pipelined request and ``reports`` on a connection of its own; the answer (b"": closed)."""
+    import socket
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.settimeout(10)
+    try:
+        conn.connect(s.plane.control)
+        conn.send(b"P" + request)
+        for r in reports:
+            conn.send(r)
+        return conn.recv(1 << 16)
+    finally:
+        conn.close()
+
+
+def test_a_pipelined_send_that_breaks_off_or_lies_keeps_nothing(planes: dict[str, PlaneServed]) -> None:
+    import struct
+
+    s = planes["sync"]
+    n = s.put(_grad_batch(s))
+    before, snapshot = {p: s.raw.get(p) for p in PARAMS}, s.h.snapshot()
+    report = struct.Struct("<cQ").pack
+    # garbage progress: no answer, the connection is dropped
+    assert _pipelined(s, s.ref(n).SerializeToString(), [b"garbage"]) == b""
+    # the trainer says it wrote less than its reference covers
+    answer = _pipelined(s, s.ref(n).SerializeToString(), [report(b"R", 8), report(b"F", 16)])
+    assert answer.startswith(b"\1INVALID_ARGUMENT\n") and b"ended at byte 16" in answer
+    # progress going backwards
+    assert _pipelined(s, s.ref(n).SerializeToString(), [report(b"R", 16), report(b"R", 8)]) == b""
+    # refused before reading (bad MAC): the reports are read to the last, the answer says why
+    forged = pb.ShmRef(**{**_fields(s.ref(n)), "mac": b"\0" * 32})
+    answer = _pipelined(s, forged.SerializeToString(), [report(b"R", 16), report(b"F", n)])
+    assert answer.startswith(b"\1INVALID_ARGUMENT\n") and b"does not carry a valid HMAC" in answer
+    _same_state(s, before, snapshot)
+
+
 def test_without_a_control_socket_the_data_plane_takes_grpc(tracker: Tracker) -> None:
     h = build_pserver(True, serve=True, tracker=tracker)
     c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
