@@ -54,7 +54,16 @@ Ownership (the rule that makes reading a view safe):
   pooled buffers, as a gRPC receive does: a sync pserver stores gradients until the step's optimize, an
   async update may still be reading its input after the call returns, and what the pserver validates
   must be what it keeps, whatever happens to the segment) before it answers. The copy checks floating
-  values finite as it goes (``copy_out``), so the pserver does not scan them again.
+  values finite as it goes (``copy_out``), so the pserver does not scan them again, and checks a
+  selected-rows value's row ids against its height again, on the copy.
+- A pipelined send (``CONTROL_PIPELINED``: a batch of ``PIPELINE_MIN_BYTES`` or more, through the control
+  socket) overlaps the two copies: the trainer writes everything but the tensors' bytes, sends the
+  request, then writes the tensors in ``PIECE_BYTES`` pieces, reporting after each how far the batch is
+  written (``Progress``); the pserver decodes the headers at once and copies each tensor out as far as the
+  reports go (while the piece is still in the shared cache), and reads no byte the trainer has not
+  reported written. A report that is malformed or goes backwards drops the connection with nothing kept;
+  a final report short of the reference is INVALID_ARGUMENT. So neither side ever writes what the other
+  reads at that moment, and the pserver still validates and keeps only its copy.
 - A get segment (``ShmGet``'s slot) is written by the pserver only while it answers that call; the
   trainer then decodes read-only numpy views of it and hands the segment out again only when nothing
   but its pool refers to the segment's array (the reference count says so, as ``stream.ReceiveBuffers``
