@@ -74,6 +74,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench import plotting  # noqa: E402
 from runtime.launch import free_ports  # noqa: E402
 from tests.netns import LOOPBACK, Host, Hosts, NetnsError, existing_hosts  # noqa: E402
 
@@ -546,11 +547,9 @@ def plot_scaling(path: str, rows: Sequence[Row]) -> str:
     """Write examples/s against processes, Flotilla and torch DDP, one panel per model, to ``path`` (PNG);
     returns what was done (a sentence, also when matplotlib is missing and nothing was written)."""
     try:
-        import matplotlib
-    except ImportError:
-        return f"plot: matplotlib is not installed (pip install -e '.[bench]'); {path} not written"
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        plt = plotting.pyplot()
+    except plotting.PlotUnavailable as e:
+        return f"plot: {e}; {path} not written"
 
     by_key = {r.key: r for r in rows}
     fig, axes = plt.subplots(1, len(MODEL_NAMES), figsize=(5 * len(MODEL_NAMES), 4))
@@ -568,9 +567,7 @@ def plot_scaling(path: str, rows: Sequence[Row]) -> str:
         ax.set_xticks(list(MODEL_PROCS))
         ax.set_ylim(bottom=0)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    plotting.save(fig, path)
     return f"plot: {path}"
 
 

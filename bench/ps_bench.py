@@ -48,8 +48,12 @@ The load average is printed before and after; ``--quick`` figures are marked not
 
 Every process is started here and only those are killed (on failure, timeout or exit); every wait is
 bounded (``--job-timeout``; the children's ``FLAGS_rpc_deadline`` and ``FLAGS_pserver_timeout_ms``).
+``--skip-jobs`` runs the transport section alone. ``--plot FILE.png`` draws examples/s per trainer of every
+job and system (``bench/plotting.py``; matplotlib, in the ``bench`` extra): Flotilla's single-process run,
+each PS / hybrid / Geo job (gRPC and shm bars with ``--data-plane both``), and Paddle's PS, measured
+(``--vs-paddle``) or its recorded 1x2 async figure, drawn hatched and labelled as not from this run.
 ``python bench/ps_bench.py [--quick] [--steps N] [--warmup N] [--sizes-mib 4,64] [--reps R] [--trust]
-[--vs-paddle --paddle-python PATH] [--json PATH]``
+[--vs-paddle --paddle-python PATH] [--json PATH] [--plot FILE.png] [--skip-transport | --skip-jobs]``
 """
 from __future__ import annotations
 
@@ -74,6 +78,7 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bench import plotting  # noqa: E402
 from ir.errors import FlotillaError  # noqa: E402
 from runtime.launch import free_ports  # noqa: E402
 from runtime.rpc.shm import leftover_segments  # noqa: E402
@@ -547,12 +552,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--jobs", nargs="+", default=None,
                     help="PS jobs as PxT-mode, e.g. 1x2-async 2x2-sync (default: 1x2 and 2x2, sync and async)")
     ap.add_argument("--skip-transport", action="store_true")
+    ap.add_argument("--skip-jobs", action="store_true",
+                    help="transport only: no CTR job (not even the single-process one)")
     ap.add_argument("--data-plane", choices=("off", "auto", "both"), default="auto",
                     help="FLAGS_rpc_data_plane of every figure: off (gRPC), auto (shared memory on one host; the "
                          "default) or both (each transport figure and PS job both ways, in one run)")
     ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds a job's processes may take")
     ap.add_argument("--hugetlb", action="store_true", help="run the children with GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
     ap.add_argument("--json", default="", help="also write the figures as JSON to this path")
+    ap.add_argument("--plot", default="", metavar="FILE.png",
+                    help="also draw examples/s per trainer of every job and system as a PNG (needs matplotlib: "
+                         "the bench extra)")
     ap.add_argument("--vs-paddle", action="store_true",
                     help="after each PS job, run Paddle's own PS on the same job (bench/paddle_ps_worker.py) with "
                          "--paddle-python; without paddlepaddle there, print the last figure measured here")
@@ -576,6 +586,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.jobs = args.jobs or (["1x2-async", "2x2-sync"] if quick else ["1x2-sync", "1x2-async", "2x2-sync", "2x2-async"])
     if min(args.sizes_mib) < 1 or args.reps < 1 or args.steps < 1 or args.warmup < 0:
         ap.error("--sizes-mib, --reps and --steps must be at least 1 and --warmup at least 0")
+    if args.plot:
+        if not args.plot.lower().endswith(".png"):
+            ap.error(f"--plot writes a PNG: give a file name ending in .png, got {args.plot!r}")
+        if args.skip_jobs:
+            ap.error("--plot draws the jobs' examples/s: leave out --skip-jobs")
+        try:  # before the run, not after it
+            plotting.pyplot()
+        except plotting.PlotUnavailable as e:
+            ap.error(f"--plot: {e}")
     return args
 
 
@@ -712,7 +731,7 @@ def print_trust(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    jobs = [Job("single-process", 0, 1, "local")] + [parse_job(j) for j in args.jobs]
+    jobs = [] if args.skip_jobs else [Job("single-process", 0, 1, "local")] + [parse_job(j) for j in args.jobs]
     env = child_env(args)
     variants = trust_variants(args, env)
     paddle = paddle_version(args.paddle_python) if args.vs_paddle else None
@@ -760,16 +779,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             except NetnsError as e:
                 raise BenchError(f"the cross-host runs could not be set up: {e}",
                                  hint="namespaces need root and iproute2; drop --hosts/--netns") from e
-    local = rows[0]["total"]
+    local = rows[0]["total"] if rows else 0.0
     if tcp:
         print_transport(tcp, by_mode)
-    print_jobs(rows, local, paddle)
+    if rows:
+        print_jobs(rows, local, paddle)
     for name, why in paddle_failures.items():
         print(f"  {name}: Paddle's run failed ({why}); see its log")
     print_trust(rows)
     print_cross_host(rows)
     print_data_plane(rows)
-    print_summary(tcp, by_mode, rows, local, paddle, rows[0].get("cpu_ms_per_kex"))
+    print_summary(tcp, by_mode, rows, local, paddle, rows[0].get("cpu_ms_per_kex") if rows else None)
     load_after = os.getloadavg()
     left = sorted(set(leftover_segments()) - segments_before)
     if left:
@@ -783,7 +803,47 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "config": {k: v for k, v in vars(args).items() if k != "json"}}
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    if args.plot:
+        plot_jobs(args.plot, result)
+        print(f"plot: {args.plot}")
     return result
+
+
+# --- the plot ---------------------------------------------------------------------------------------------
+def plot_bars(result: dict[str, Any]) -> list[plotting.Bar]:
+    """The bars of ``--plot`` from ``main``'s result: per job (single-process, then each PS / hybrid / Geo
+    job and placement) examples/s per trainer of each system: Flotilla (with the data plane named when the
+    run compared both), Paddle's PS where this run measured it, else Paddle's recorded figure on 1x2 async,
+    marked as recorded."""
+    modes = result["config"]["data_plane"]
+    bars: list[plotting.Bar] = []
+    for r in result["jobs"]:
+        if r.get("paddle"):
+            bars.append(plotting.Bar(r["job"].removeprefix("paddle "), f"{result['paddle'] or 'Paddle'} PS",
+                                     r["per_trainer"]))
+            continue
+        if not r["pservers"]:
+            bars.append(plotting.Bar(r["job"], "Flotilla", r["per_trainer"]))
+            continue
+        job, shm = r["job"].replace(DP_SUFFIX, ""), DP_SUFFIX in r["job"]
+        base, _, variant = job.partition(" +")
+        extras = [f"+{variant}"] if variant else []
+        if r.get("placement"):
+            base = base[:-len(r["placement"]) - 1]
+            extras.append(r["placement"])
+        series = ", ".join(["Flotilla", DP_LABEL["auto" if shm else modes[0]], *extras])
+        bars.append(plotting.Bar(base, series, r["per_trainer"]))
+    if "1x2 async" in {b.group for b in bars} and not any(b.group == "1x2 async" and "PS" in b.series for b in bars):
+        bars.append(plotting.Bar("1x2 async", "Paddle 2.6.2 PS", result["reference_per_trainer"], recorded=True))
+    return bars
+
+
+def plot_jobs(path: str, result: dict[str, Any]) -> None:
+    """Draw ``plot_bars(result)`` to ``path`` (PNG)."""
+    quick = " (--quick: not comparable)" if result["config"].get("quick") else ""
+    plotting.grouped_bars(path, plot_bars(result), ylabel="examples/s per trainer",
+                          title=f"CTR job, examples/s per trainer (batch {result['config']['batch_size']}, "
+                                f"127.0.0.1){quick}")
 
 
 if __name__ == "__main__":

@@ -60,8 +60,9 @@ from runtime import malloc
 from runtime.flags import RPCSecurity, data_plane_mode, flag, rpc_security
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.server import SERVICE, grpc_options
-from runtime.rpc.shm import (HEADER_BYTES, MAX_SEGMENTS, Segment, ShmError, TrainerPlane,
-                             host_id, open_segment, write_batch)
+from runtime.rpc.shm import (CONTROL_GET, CONTROL_PIPELINED, CONTROL_SEND, HEADER_BYTES, MAX_SEGMENTS,
+                             PIPELINE_MIN_BYTES, ControlFailed, Segment, ShmError, TrainerPlane, deferred_parts,
+                             host_id, open_segment, write_batch, write_deferred)
 from runtime.rpc.stream import STREAM_THRESHOLD, ReceiveBuffers, get_chunked, send_chunked
 from runtime.rpc.wire import BATCH_FIELD, _varint, decode_batch, decode_variable, encode_batch, encode_parts, \
     encode_variable
@@ -442,11 +443,38 @@ class RPCClient:
         if got is None:
             return False
         plane, seg = got
+        what = f"of {[n for n, _ in messages]}"
+        data = seg.view(HEADER_BYTES, seg.size - HEADER_BYTES)
+        # A large batch is pipelined: its tensors are written piece by piece after the request left, the
+        # pserver copying each piece out while the next is written (and while the piece is in cache).
+        pipelined = (data, deferred_parts([m for _, m in messages])) if (
+            total >= PIPELINE_MIN_BYTES and plane.control is not None) else None
+
+        def controlled(method: bytes, request: bytes) -> bytes | None:
+            """The answer through the pserver's control socket; None: it has none (or it broke), use gRPC."""
+            try:
+                status, answer = plane.call(method, request, self.deadline, pipelined)
+            except ControlFailed:
+                if pipelined is not None:  # the whole batch must be in place for gRPC
+                    write_deferred(*pipelined)
+                return None
+            except TimeoutError as e:
+                raise RPCError(f"trainer {self.trainer_id}: ShmSend {what} to pserver {endpoint} failed "
+                               f"(DEADLINE_EXCEEDED): {e}", hint="the pserver is down or unreachable",
+                               status=grpc.StatusCode.DEADLINE_EXCEEDED) from None
+            if status != "OK":
+                raise RPCError(f"trainer {self.trainer_id}: ShmSend {what} to pserver {endpoint} failed ({status}, "
+                               f"control socket): {answer.decode('utf-8', 'replace')}",
+                               status=getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN))
+            return answer
+
         try:
-            length = write_batch(seg.view(HEADER_BYTES, seg.size - HEADER_BYTES), [m for _, m in messages])
-            self._retried(endpoint, "ShmSend", f"of {[n for n, _ in messages]}",
-                          lambda call, timeout: call(plane.sign(b"send", seg, length, plane.next_seq())
-                                                     .SerializeToString(), timeout=timeout, metadata=self._metadata))
+            length = write_batch(data, [m for _, m in messages], defer=pipelined is not None)
+            if controlled(CONTROL_PIPELINED if pipelined else CONTROL_SEND,
+                          plane.sign(b"send", seg, length, plane.next_seq()).SerializeToString()) is None:
+                self._retried(endpoint, "ShmSend", what,
+                              lambda call, timeout: call(plane.sign(b"send", seg, length, plane.next_seq())
+                                                         .SerializeToString(), timeout=timeout, metadata=self._metadata))
         finally:
             plane.give_back(seg)
         return True
@@ -469,11 +497,28 @@ class RPCClient:
                             metadata=self._metadata)
 
             try:
-                raw = self._retried(endpoint, "ShmGet", f"of {names}", invoke)
-            except RPCError as e:
-                if e.status == grpc.StatusCode.RESOURCE_EXHAUSTED:  # sizes changed: gRPC knows them
-                    return None
-                raise
+                slots.append(plane.sign(b"slot", seg, room, plane.next_seq()))
+                status, raw = plane.call(CONTROL_GET, pb.ShmGetRequest(get=asked, slot=slots[-1]).SerializeToString(),
+                                         self.deadline)
+            except ControlFailed:  # no control socket (or it broke): gRPC
+                status = ""
+            except TimeoutError as e:
+                raise RPCError(f"trainer {self.trainer_id}: ShmGet of {names} from pserver {endpoint} failed "
+                               f"(DEADLINE_EXCEEDED): {e}", hint="the pserver is down or unreachable",
+                               status=grpc.StatusCode.DEADLINE_EXCEEDED) from None
+            if status == "RESOURCE_EXHAUSTED":  # sizes changed: gRPC knows them
+                return None
+            if status and status != "OK":
+                raise RPCError(f"trainer {self.trainer_id}: ShmGet of {names} from pserver {endpoint} failed ({status}, "
+                               f"control socket): {raw.decode('utf-8', 'replace')}",
+                               status=getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN))
+            if not status:
+                try:
+                    raw = self._retried(endpoint, "ShmGet", f"of {names}", invoke)
+                except RPCError as e:
+                    if e.status == grpc.StatusCode.RESOURCE_EXHAUSTED:  # sizes changed: gRPC knows them
+                        return None
+                    raise
             ref = pb.ShmRef.FromString(raw)
             plane.check_reply(ref, slots[-1])
             decoded = decode_batch(seg.view(ref.offset, ref.length).toreadonly())

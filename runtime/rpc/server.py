@@ -14,6 +14,9 @@ byte of shared memory, copies a sent batch out of the segment before it decodes 
 segment once the call returns), and writes a fetched batch straight into the trainer's slot (one copy of each
 value, under the pserver's read locks); the decoded batch then goes through exactly the checks of
 SendVariables / GetVariables. ``start_server(..., data_plane="off")`` answers every ShmOpen with no segment.
+With the data plane on it also starts the pserver's control socket (``runtime.rpc.shm.ControlServer``):
+ShmSend and ShmGet arriving there go to the same two handlers (``control_call``), their errors mapped to
+the same status names as ``_statuses`` gives gRPC; it stops with the pserver (``pserver.closers``).
 
 Server options: message limits from the largest variable the program moves (at least 4 MiB),
 ``grpc.so_reuseport`` off (binding a taken port fails instead of sharing it), no HTTP proxy, keepalive
@@ -46,7 +49,8 @@ from runtime.flags import INSECURE_ENV, TOKEN_ENV, FlagError, RPCSecurity
 from runtime import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
-from runtime.rpc.shm import BatchWriter, PServerPlane, ShmError, copy_out
+from runtime.rpc.shm import (CONTROL_ERROR, CONTROL_GET, CONTROL_OK, CONTROL_PIPELINED, CONTROL_SEND,
+                             MAX_CONTROL_MESSAGE, BatchWriter, ControlServer, PServerPlane, Progress, ShmError, copy_out)
 from runtime.rpc.stream import ReceiveBuffers, encode_chunks
 from runtime.role import parse_endpoint
 from runtime.rpc.wire import WireError, decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
@@ -184,13 +188,21 @@ class ParameterServerService:
                                f"pserver serves {trainers} trainers (ids 0..{trainers - 1})")
         return self.plane.open(req).SerializeToString()
 
-    def shm_send(self, raw: bytes) -> bytes:
-        """SendVariables whose batch lies in shared memory: checked reference, copied out, then as gRPC's."""
+    def shm_send(self, raw: bytes, progress: Progress | None = None) -> bytes:
+        """SendVariables whose batch lies in shared memory: checked reference, copied out, then as gRPC's.
+        ``progress`` (a pipelined send through the control socket): the tensors' bytes are copied out as the
+        trainer reports them written (everything else was written before the request)."""
         ref = _parse(pb.ShmRef, raw)
-        _, view = self.plane.resolve(ref, b"send")
+        seg, view = self.plane.resolve(ref, b"send")
+        ready = None
+        if progress is not None:
+            start = seg.array.ctypes.data + ref.offset
+
+            def ready(address: int) -> None:
+                progress.wait(address - start)
         # the trainer reuses the segment once this call returns: the values are copied out (checked finite
         # on the way), and what is validated and kept is the copy
-        msgs = [copy_out(d, self.buffers) for d in decode_batch(view)]
+        msgs = [copy_out(d, self.buffers, ready) for d in decode_batch(view)]
         del view
         if not msgs:
             raise WireError("ShmSend carries no variable", hint="send at least one gradient in a batch")
@@ -216,6 +228,26 @@ class ParameterServerService:
 
         self.pserver.get_many(req.get.trainer_id, names, encode, max_bytes=len(view))
         return self.plane.reply(req.slot, writer.pos).SerializeToString()
+
+    def control_call(self, method: bytes, raw: bytes, progress: Progress | None = None) -> bytes:
+        """A ShmSend (``progress``: pipelined) or ShmGet that came through the control socket
+        (``runtime.rpc.shm.ControlServer``): the same handler and checks as over gRPC, its status and
+        message in the answer."""
+        try:
+            if method in (CONTROL_SEND, CONTROL_PIPELINED):
+                return CONTROL_OK + self.shm_send(raw, progress)
+            if method == CONTROL_GET:
+                return CONTROL_OK + self.shm_get(raw)
+            status, message = "INVALID_ARGUMENT", f"unknown control-socket method {method!r}; expected S or G"
+        except PServerError as e:
+            status, message = e.status.value, str(e)
+        except WireError as e:
+            status, message = "INVALID_ARGUMENT", str(e)
+        except ShmError as e:
+            status, message = e.status, f"pserver {self.pserver.config.endpoint}: {e}"
+        except Exception as e:  # noqa: BLE001 - a bug must not take the server down
+            status, message = "INTERNAL", f"{type(e).__name__}: {e}"
+        return CONTROL_ERROR + f"{status}\n{message}".encode("utf-8", "replace")[:MAX_CONTROL_MESSAGE - 1]
 
     def _get_names(self, req: pb.GetVariablesRequest) -> list[str]:
         if not req.names:
@@ -339,6 +371,15 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
     pserver.closers.append(plane.close)
     pserver.data_plane = plane
     service = ParameterServerService(pserver, security.token, max_message, data_plane=plane)
+    if plane.enabled:
+        try:
+            control = ControlServer(service.control_call)
+        except OSError as e:  # the trainers' data-plane calls then take gRPC
+            print(f"pserver {endpoint}: no data-plane control socket ({e}); ShmSend/ShmGet go over gRPC",
+                  file=sys.stderr, flush=True)
+        else:
+            plane.control = control
+            pserver.closers.append(control.close)
     server.add_generic_rpc_handlers((service.generic_handler(),))
     creds = server_credentials(security)
     try:

@@ -2,13 +2,15 @@
 
 gRPC stays the control plane and the default path (``FLAGS_rpc_data_plane=off`` keeps everything on it).
 With ``auto`` (the default) a trainer whose pserver runs on its own host moves batches of at least
-``FLAGS_rpc_data_plane_min_bytes`` (256 KiB) through segments of shared memory; the gRPC call carries only
-a reference.
+``FLAGS_rpc_data_plane_min_bytes`` (256 KiB) through segments of shared memory; the call (through the
+pserver's control socket, else gRPC) carries only a reference.
 
 Segments. A trainer asks its pserver for a segment (``ShmOpen``: trainer id, live incarnation, the
 trainer's ``host_id`` and a size). The pserver checks the incarnation and the host, creates a file under
 ``/dev/shm`` with a random name, ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0600 (readable and writable by
-the job's user only), writes a random nonce into its first ``HEADER_BYTES`` and answers the path, number,
+the job's user only), maps it with ``MAP_POPULATE`` (no page faults on first use; a trainer keeps its
+segments and reuses them for every later transfer), writes a random nonce and its control socket's id into
+its first ``HEADER_BYTES`` and answers the path, number,
 size and nonce. The trainer opens it without following links, checks it is a regular file of its own
 user, mode 0600, of the announced size and carrying the nonce (so it mapped the pserver's file, not one
 planted under that name), maps it, and unlinks the name: from then on only the two mappings hold the
@@ -17,6 +19,21 @@ a name already gone) whenever it drops a segment: when the trainer's incarnation
 trainer completes, and when the pserver stops (``PServerPlane.close``). A trainer incarnation holds at
 most ``MAX_SEGMENTS`` segments and ``max_bytes`` bytes; beyond that ``ShmOpen`` answers no path and the
 trainer stays on gRPC for that transfer.
+
+Control socket. Creating segments (``ShmOpen``) always goes over gRPC; the per-transfer calls (``ShmSend``,
+``ShmGet``: a reference each way) go through the pserver's control socket when it has one, a gRPC round
+trip costing about as much as copying 4 MiB. The pserver (``ControlServer``, started with its gRPC server
+when the data plane is on) listens on an abstract Unix socket (``SOCK_SEQPACKET``; nothing on disk, gone
+with the process) named by 16 random bytes it writes into every segment's header after the nonce, so a
+trainer learns it from a segment it has verified. The server serves only peers of its own user
+(``SO_PEERCRED`` at accept; the trainer checks the pserver's uid the same way) and hands each request,
+the bytes gRPC would carry, to the very handler gRPC calls: every check below applies unchanged, and an
+error comes back as the status and message gRPC would give. Without the job token on the socket the
+reference's MAC (keyed by the token) is what authenticates a request, as the segment's mode does for the
+payload. A trainer whose control socket cannot be reached or breaks (another network namespace, a
+stopping pserver) makes that call, and the later ones, over gRPC (with gRPC's deadline and retries: a
+send is idempotent by its per-variable seq, a retried get gets a fresh slot seq); a call that times out
+fails DEADLINE_EXCEEDED as over gRPC.
 
 References. A segment holds one transfer at a time, from ``HEADER_BYTES`` on: the bytes of a
 ``VariableBatch`` exactly as gRPC would carry them, so ``wire.decode_batch`` validates them exactly as
@@ -37,7 +54,16 @@ Ownership (the rule that makes reading a view safe):
   pooled buffers, as a gRPC receive does: a sync pserver stores gradients until the step's optimize, an
   async update may still be reading its input after the call returns, and what the pserver validates
   must be what it keeps, whatever happens to the segment) before it answers. The copy checks floating
-  values finite as it goes (``copy_out``), so the pserver does not scan them again.
+  values finite as it goes (``copy_out``), so the pserver does not scan them again, and checks a
+  selected-rows value's row ids against its height again, on the copy.
+- A pipelined send (``CONTROL_PIPELINED``: a batch of ``PIPELINE_MIN_BYTES`` or more, through the control
+  socket) overlaps the two copies: the trainer writes everything but the tensors' bytes, sends the
+  request, then writes the tensors in ``PIECE_BYTES`` pieces, reporting after each how far the batch is
+  written (``Progress``); the pserver decodes the headers at once and copies each tensor out as far as the
+  reports go (while the piece is still in the shared cache), and reads no byte the trainer has not
+  reported written. A report that is malformed or goes backwards drops the connection with nothing kept;
+  a final report short of the reference is INVALID_ARGUMENT. So neither side ever writes what the other
+  reads at that moment, and the pserver still validates and keeps only its copy.
 - A get segment (``ShmGet``'s slot) is written by the pserver only while it answers that call; the
   trainer then decodes read-only numpy views of it and hands the segment out again only when nothing
   but its pool refers to the segment's array (the reference count says so, as ``stream.ReceiveBuffers``
@@ -68,8 +94,16 @@ from runtime.rpc.wire import BATCH_FIELD, Decoded, _varint
 from runtime.scope import SelectedRows
 
 SHM_DIR = "/dev/shm"
-HEADER_BYTES = 64  # the nonce lives here; transfers start after it (cache-line aligned)
+HEADER_BYTES = 64  # the nonce and the control socket's id live here; transfers start after it (cache-line aligned)
 NONCE_BYTES = 32
+CONTROL_ID_BYTES = 16  # header bytes [NONCE_BYTES, NONCE_BYTES + 16): the pserver's control socket (0s: none)
+CONTROL_PREFIX = b"\0flotilla-ctl-"  # an abstract Unix socket: nothing on disk, gone with its process
+MAX_CONTROL_MESSAGE = 1 << 16  # a larger request (a ShmGet of very many names) takes gRPC
+CONTROL_SEND, CONTROL_GET, CONTROL_PIPELINED = b"S", b"G", b"P"
+PIPELINE_MIN_BYTES = 16 << 20  # a send of this many bytes or more is written and copied out at once, by pieces
+PIECE_BYTES = 4 << 20  # the trainer reports its progress every piece (the pserver copies it while it is in cache)
+_PROGRESS = struct.Struct("<cQ")  # b"R" (written up to offset) or b"F" (all written, up to offset)
+CONTROL_OK, CONTROL_ERROR = b"\0", b"\1"
 MAX_SEGMENTS = 8  # per trainer incarnation and pserver: one send and a few get slots in flight
 DEFAULT_MAX_BYTES = 4 << 30
 SEQ_WINDOW = 1024
@@ -158,8 +192,10 @@ class Segment:
             pass
 
 
-def create_segment(number: int, size: int, directory: str = SHM_DIR) -> tuple[Segment, bytes]:
-    """A fresh segment of ``size`` bytes (mode 0600, random name) and the nonce written at its start."""
+def create_segment(number: int, size: int, directory: str = SHM_DIR,
+                   control_id: bytes = b"") -> tuple[Segment, bytes]:
+    """A fresh segment of ``size`` bytes (mode 0600, random name) and the nonce written at its start, the
+    pserver's control socket id (``control_id``, if any) after it."""
     nonce = secrets.token_bytes(NONCE_BYTES)
     path = os.path.join(directory, f"flotilla-{os.getpid()}-{secrets.token_hex(12)}")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -173,6 +209,8 @@ def create_segment(number: int, size: int, directory: str = SHM_DIR) -> tuple[Se
         finally:
             raise
     seg.array[:NONCE_BYTES] = np.frombuffer(nonce, np.uint8)
+    if control_id:
+        seg.array[NONCE_BYTES:NONCE_BYTES + CONTROL_ID_BYTES] = np.frombuffer(control_id, np.uint8)
     return seg, nonce
 
 
@@ -211,17 +249,40 @@ def round_size(nbytes: int) -> int:
     return HEADER_BYTES + max(1 << 20, -(-nbytes // granule) * granule)
 
 
-def write_batch(dst: memoryview, messages: list[tuple[list[Any], int]]) -> int:
+def write_batch(dst: memoryview, messages: list[tuple[list[Any], int]], defer: bool = False) -> int:
     """Write the VariableBatch of ``messages`` (``encode_parts`` results) into ``dst``; its length. Each
-    tensor is copied once, into ``dst``. Raises ShmError if it does not fit (nothing else is changed)."""
+    tensor is copied once, into ``dst``. Raises ShmError if it does not fit (nothing else is changed). With
+    ``defer`` the last part of each message (its tensor's bytes) is left to ``write_deferred``."""
     total = sum(len(_varint(BATCH_FIELD << 3 | 2)) + len(_varint(n)) + n for _, n in messages)
     if total > len(dst):
         raise ShmError(f"a batch of {total} bytes does not fit the {len(dst)} bytes of its data-plane slot",
                        hint="the trainer asks for a larger segment")
     writer = BatchWriter(dst)
     for parts, n in messages:
-        writer.put_parts(parts, n)
+        writer.put_parts(parts, n, defer)
     return writer.pos
+
+
+def deferred_parts(messages: list[tuple[list[Any], int]]) -> list[tuple[int, memoryview]]:
+    """(position in the batch, bytes) of the part ``write_batch(..., defer=True)`` left out of each message."""
+    out, pos = [], 0
+    for parts, n in messages:
+        pos += len(_varint(BATCH_FIELD << 3 | 2)) + len(_varint(n)) + n
+        last = memoryview(parts[-1]).cast("B")
+        out.append((pos - last.nbytes, last))
+    return out
+
+
+def write_deferred(dst: memoryview, deferred: list[tuple[int, memoryview]],
+                   written: Callable[[int], None] | None = None) -> None:
+    """Write the ``deferred_parts`` into ``dst`` in order, by pieces of ``PIECE_BYTES``, calling
+    ``written(end)`` after each piece (every byte of the batch before ``end`` is then in place)."""
+    for pos, part in deferred:
+        for at in range(0, part.nbytes, PIECE_BYTES):
+            end = min(at + PIECE_BYTES, part.nbytes)
+            dst[pos + at:pos + end] = part[at:end]
+            if written is not None:
+                written(pos + end)
 
 
 class BatchWriter:
@@ -230,38 +291,46 @@ class BatchWriter:
     def __init__(self, dst: memoryview) -> None:
         self.dst, self.pos = dst, 0
 
-    def put_parts(self, parts: list[Any], n: int) -> None:
+    def put_parts(self, parts: list[Any], n: int, defer_last: bool = False) -> None:
         prefix = _varint(BATCH_FIELD << 3 | 2) + _varint(n)
         if self.pos + len(prefix) + n > len(self.dst):
             raise ShmError(f"the reply does not fit its data-plane slot of {len(self.dst)} bytes",
                            hint="the trainer asks again with a larger slot", status="RESOURCE_EXHAUSTED")
         pos = self.pos
-        for piece in (prefix, *parts):
+        pieces = (prefix, *parts[:-1]) if defer_last else (prefix, *parts)
+        for piece in pieces:
             view = memoryview(piece).cast("B")
             self.dst[pos:pos + view.nbytes] = view
             pos += view.nbytes
-        self.pos = pos
+        self.pos = self.pos + len(prefix) + n
 
 
 _CHECK_CHUNK = 1 << 16  # elements: each is copied, then checked while it is still in the cache
 
 
-def copy_out(decoded: Decoded, buffers: ReceiveBuffers) -> Decoded:
+def copy_out(decoded: Decoded, buffers: ReceiveBuffers, ready: Callable[[int], None] | None = None) -> Decoded:
     """``decoded`` (read-only views of a segment) with its arrays copied into pooled buffers (read-only),
     every floating value checked finite on the way: one pass over the memory instead of a copy and a scan.
-    ``finite`` of the result says whether all were; the copy is what the pserver validates and keeps."""
+    ``finite`` of the result says whether all were; the copy is what the pserver validates and keeps (a
+    selected-rows value's row ids are checked against its height again, on the copy). ``ready(address)``,
+    if given, is called before the bytes below ``address`` are read (a pipelined send: they may still be
+    being written)."""
     value = decoded.value
     if isinstance(value, SelectedRows):
-        rows, _ = _copy_array(np.asarray(value.rows), buffers)
-        values, finite = _copy_array(np.asarray(value.values), buffers)
+        rows, _ = _copy_array(np.asarray(value.rows), buffers, ready)
+        if rows.size and (rows.min() < 0 or rows.max() >= value.height):
+            raise ShmError(f"selected rows {decoded.name!r}: the row ids changed while they were copied out of the "
+                           "segment; refused", hint="a trainer writes a segment only before its call")
+        values, finite = _copy_array(np.asarray(value.values), buffers, ready)
         return Decoded(decoded.header, SelectedRows(rows, values, value.height), finite)
-    copied, finite = _copy_array(value, buffers)
+    copied, finite = _copy_array(value, buffers, ready)
     return Decoded(decoded.header, copied, finite)
 
 
-def _copy_array(src: np.ndarray, buffers: ReceiveBuffers) -> tuple[np.ndarray, bool]:
+def _copy_array(src: np.ndarray, buffers: ReceiveBuffers,
+                ready: Callable[[int], None] | None = None) -> tuple[np.ndarray, bool]:
     """A read-only copy of the C-contiguous ``src`` in a pooled buffer, and whether every value is finite
-    (True for non-floating dtypes)."""
+    (True for non-floating dtypes); ``ready`` as in ``copy_out``."""
     if src.size == 0:
         empty = src.copy()
         empty.flags.writeable = False
@@ -271,13 +340,18 @@ def _copy_array(src: np.ndarray, buffers: ReceiveBuffers) -> tuple[np.ndarray, b
     flat = buf[:nbytes].view(src.dtype)
     out, into = memoryview(src.reshape(-1)).cast("B"), memoryview(buf)
     finite = True
+    base = src.ctypes.data
     if src.dtype.kind != "f":
+        if ready is not None:
+            ready(base + nbytes)
         into[:nbytes] = out
     else:
         size = src.dtype.itemsize
         flags = np.empty(min(flat.size, _CHECK_CHUNK), bool)
         for at in range(0, flat.size, _CHECK_CHUNK):
             end = min(at + _CHECK_CHUNK, flat.size)
+            if ready is not None:
+                ready(base + end * size)
             into[at * size:end * size] = out[at * size:end * size]
             if finite:
                 chunk = flags[:end - at]
@@ -312,6 +386,7 @@ class PServerPlane:
         self._lock = threading.Lock()
         self._trainers: dict[int, _TrainerSegments] = {}
         self._closed = False
+        self.control: ControlServer | None = None  # announced in every segment's header (start_server sets it)
 
     def open(self, req: pb.ShmOpenRequest) -> pb.ShmOpenReply:
         """Create one more segment for the trainer (see the module docstring), or say why not."""
@@ -343,7 +418,8 @@ class PServerPlane:
                 if size > free.f_bavail * free.f_frsize // 2:
                     return pb.ShmOpenReply(reason=f"{self.directory} has too little room for {size} bytes",
                                            later=True)
-                seg, nonce = create_segment(len(mine.segments), size, self.directory)
+                seg, nonce = create_segment(len(mine.segments), size, self.directory,
+                                            self.control.id if self.control is not None else b"")
             except OSError as e:
                 return pb.ShmOpenReply(reason=f"creating a segment failed: {e}", later=e.errno == errno.ENOSPC)
             mine.segments.append(seg)
@@ -423,6 +499,136 @@ class PServerPlane:
                 self._drop_locked(t)
 
 
+# --- the control socket ----------------------------------------------------------------------------------
+def control_address(control_id: bytes) -> bytes:
+    """The abstract Unix socket address of the control server with ``control_id``."""
+    return CONTROL_PREFIX + control_id.hex().encode("ascii")
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The user id of the process at the other end of the Unix socket ``conn`` (SO_PEERCRED)."""
+    _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return uid
+
+
+class Progress:
+    """How far the trainer of a pipelined send (``CONTROL_PIPELINED``) has written its batch: its reports
+    (``_PROGRESS``: ``R`` + offset after each piece, ``F`` + offset once all is written) arrive on the
+    request's connection. ``wait(offset)`` blocks until the bytes of the segment before ``offset`` are
+    written; ``drain`` reads the reports up to the final one, so the connection carries requests again."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn, self.upto, self.final, self.broken = conn, 0, False, False
+
+    def _next(self) -> None:
+        try:
+            msg = self.conn.recv(MAX_CONTROL_MESSAGE)
+        except OSError:
+            msg = b""
+        if len(msg) != _PROGRESS.size or msg[:1] not in (b"R", b"F") or _PROGRESS.unpack(msg)[1] < self.upto:
+            self.broken = True
+            raise ShmError("the trainer's pipelined send broke off or reported garbage progress; nothing was kept")
+        kind, self.upto = _PROGRESS.unpack(msg)
+        self.final = kind == b"F"
+
+    def wait(self, offset: int) -> None:
+        while self.upto < offset:
+            if self.final:
+                raise ShmError(f"the trainer's pipelined send ended at byte {self.upto} of its segment, before byte "
+                               f"{offset} the reference covers; nothing was kept")
+            self._next()
+
+    def drain(self) -> None:
+        while not self.final and not self.broken:
+            try:
+                self._next()
+            except ShmError:
+                return
+
+
+class ControlServer:
+    """The pserver's same-host control socket: ShmSend and ShmGet requests (the bytes gRPC would carry,
+    after a one-byte method) answered by ``handle(method, request, progress)`` (``CONTROL_OK`` + the reply,
+    or ``CONTROL_ERROR`` + ``STATUS\nmessage``), one thread per connected trainer; ``progress`` is a
+    ``Progress`` for a pipelined send, else None. Only processes of this user get served (their uid,
+    SO_PEERCRED, is checked at accept); every reference is checked exactly as over gRPC. ``close`` stops
+    accepting and ends every connection."""
+
+    def __init__(self, handle: Callable[[bytes, bytes, "Progress | None"], bytes]) -> None:
+        self.id = secrets.token_bytes(CONTROL_ID_BYTES)
+        self._handle = handle
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        try:
+            self._sock.bind(control_address(self.id))
+            self._sock.listen(64)
+        except OSError:
+            self._sock.close()
+            raise
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        self._closed = False
+        self.calls = 0  # requests answered (a test checks transfers take this path)
+        threading.Thread(target=self._accept, name="shm-control", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # closed
+                return
+            if peer_uid(conn) != os.geteuid():
+                conn.close()
+                continue
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                    return
+                self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="shm-control-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                msg = conn.recv(MAX_CONTROL_MESSAGE)
+                if not msg:
+                    return
+                progress = Progress(conn) if msg[:1] == CONTROL_PIPELINED else None
+                answer = self._handle(msg[:1], msg[1:], progress)
+                if progress is not None:
+                    progress.drain()  # the reports the handler did not need (it refused the batch early)
+                    if progress.broken:
+                        return
+                with self._lock:
+                    self.calls += 1
+                conn.send(answer)
+        except OSError:  # the trainer went away, or close()
+            return
+        finally:
+            with self._lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+            conn.close()
+
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        for s in (self._sock, *conns):
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept or recv
+            except OSError:
+                pass
+        self._sock.close()
+
+
+class ControlFailed(Exception):
+    """The control socket broke before an answer came: the call is made over gRPC instead."""
+
+
 # --- the trainer's side ---------------------------------------------------------------------------------
 class TrainerPlane:
     """The segments one trainer holds with one pserver (``state``: None before the first ShmOpen, True
@@ -434,8 +640,10 @@ class TrainerPlane:
         self.state: bool | None = None
         self.reason = ""
         self.segments: list[Segment] = []
-        self.lock = threading.Lock()  # guards the fields above and `busy`
+        self.lock = threading.Lock()  # guards the fields above, `busy` and the connections below
         self._seq = 0
+        self.control: bytes | None = None  # the pserver's control socket (from a segment's header); None: gRPC
+        self._idle: list[socket.socket] = []  # connected, not in use
 
     def next_seq(self) -> int:
         with self.lock:
@@ -461,7 +669,64 @@ class TrainerPlane:
     def add(self, seg: Segment) -> None:
         with self.lock:
             seg.busy = True
+            if not self.segments:  # the pserver's control socket, if it has one
+                control_id = bytes(seg.array[NONCE_BYTES:NONCE_BYTES + CONTROL_ID_BYTES])
+                self.control = control_address(control_id) if any(control_id) else None
             self.segments.append(seg)
+
+    def call(self, method: bytes, request: bytes, timeout: float,
+             pipelined: tuple[memoryview, list[tuple[int, memoryview]]] | None = None) -> tuple[str, bytes]:
+        """``method`` (``CONTROL_SEND``/``CONTROL_GET``) through the pserver's control socket: ``("OK",
+        reply)`` or ``(status name, message)``. Raises ControlFailed when there is no control socket or it
+        broke before answering (from then on this pserver's calls take gRPC), TimeoutError after ``timeout``
+        seconds (that connection is dropped: its answer may still come). ``pipelined``: (the segment from
+        its start, the ``deferred_parts`` at their offsets in it): a ``CONTROL_PIPELINED`` send whose parts
+        are written here, piece by piece, after the request left, each piece reported (``Progress``)."""
+        with self.lock:
+            address = self.control
+            conn = self._idle.pop() if self._idle else None
+        if address is None or len(request) >= MAX_CONTROL_MESSAGE:
+            if conn is not None:
+                conn.close()
+            raise ControlFailed("no control socket")
+        try:
+            if conn is None:
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+                conn.settimeout(timeout)
+                conn.connect(address)
+                if peer_uid(conn) != os.geteuid():
+                    raise ConnectionRefusedError("the control socket belongs to another user")
+            conn.settimeout(timeout)
+            conn.send(method + request)
+            if pipelined is not None:
+                segment, deferred = pipelined
+                write_deferred(segment, deferred, lambda end: conn.send(_PROGRESS.pack(b"R", end)))
+                conn.send(_PROGRESS.pack(b"F", max((pos + part.nbytes for pos, part in deferred), default=0)))
+            answer = conn.recv(MAX_CONTROL_MESSAGE)
+            if not answer:
+                raise ConnectionResetError("the pserver closed the control socket")
+        except (socket.timeout, TimeoutError):
+            conn.close()
+            raise TimeoutError(f"no answer through the control socket in {timeout:.3g}s") from None
+        except OSError as e:
+            if conn is not None:
+                conn.close()
+            with self.lock:
+                self.control = None
+                idle, self._idle = self._idle, []
+            for c in idle:
+                c.close()
+            raise ControlFailed(str(e)) from None
+        with self.lock:
+            if self.control is not None:
+                self._idle.append(conn)
+                conn = None
+        if conn is not None:
+            conn.close()
+        if answer[:1] == CONTROL_OK:
+            return "OK", answer[1:]
+        status, _, message = answer[1:].decode("utf-8", "replace").partition("\n")
+        return status, message.encode("utf-8")
 
     def give_back(self, seg: Segment) -> None:
         with self.lock:
@@ -485,7 +750,10 @@ class TrainerPlane:
     def close(self) -> None:
         with self.lock:
             segments, self.segments = self.segments, []
-            self.state = False
+            idle, self._idle = self._idle, []
+            self.state, self.control = False, None
+        for conn in idle:
+            conn.close()
         for seg in segments:
             seg.close()
 

@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import sys
+import textwrap
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -24,8 +25,8 @@ import pytest
 from runtime.flags import FlagError, data_plane_mode
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.client import RPCClient, RPCError
-from runtime.rpc.shm import (HEADER_BYTES, NONCE_BYTES, PServerPlane, Segment, ShmError, TrainerPlane,
-                             create_segment, leftover_segments, open_segment, ref_mac)
+from runtime.rpc.shm import (CONTROL_GET, CONTROL_SEND, HEADER_BYTES, NONCE_BYTES, ControlFailed, PServerPlane, Segment,
+                             ShmError, TrainerPlane, create_segment, leftover_segments, open_segment, ref_mac)
 from runtime.rpc.wire import encode_batch
 from tests.runtime.rpc.conftest import LR, PARAMS, PSHandle, Tracker, build_pserver, inc
 from tests.runtime.rpc.test_server_errors import BAD, Raw, Served
@@ -184,6 +185,170 @@ def test_a_bad_get_through_shared_memory_gets_its_status(name: str, mode: str, p
     assert err.code() == code, err.details()
     assert words in err.details()
     _same_state(s, before, snapshot)
+
+
+# --- the control socket: the same handlers, checks and statuses as gRPC ------------------------------------------------
+def test_transfers_take_the_control_socket(tracker: Tracker) -> None:
+    h = build_pserver(True, serve=True, tracker=tracker)
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+    c.shm_threshold = 1
+    control = h.pserver.data_plane.control
+    try:
+        c.get([(h.endpoint, "fc_w.block1")])  # learns the size (gRPC)
+        assert control is not None and control.calls == 0
+        got = c.get([(h.endpoint, "fc_w.block1")])[0]
+        grad = np.full(30, 0.5, np.float32)
+        c.send(h.endpoint, h.grad_name("fc_b", 0), grad)
+        c.wait_sends()
+        assert control.calls == 2 and control.connections() == 1  # one connection, reused
+        np.testing.assert_array_equal(got, np.asarray(h.scope.find_var("fc_w.block1")))
+        np.testing.assert_array_equal(np.asarray(h.scope.find_var(h.grad_name("fc_b", 0))), grad)
+    finally:
+        c.close()
+    h.server.stop(grace=None).wait(5.0)
+    h.pserver.close()  # the control socket goes with the pserver
+    assert control.connections() == 0
+
+
+CONTROL_REFS = ["bad-mac", "mac-of-a-reply", "truncated", "oversized", "unknown-segment", "stale-incarnation",
+                "zero-seq"]
+
+
+@pytest.mark.parametrize("case", CONTROL_REFS)
+def test_a_bad_reference_through_the_control_socket_gets_the_grpc_status(case: str,
+                                                                        planes: dict[str, PlaneServed]) -> None:
+    make, code, words = REFS[case]
+    s = planes["sync"]
+    before, snapshot = {p: s.raw.get(p) for p in PARAMS}, s.h.snapshot()
+    status, message = s.plane.call(CONTROL_SEND, make(s, s.put(_grad_batch(s))).SerializeToString(), 10.0)
+    assert status == code.name and words in message.decode(), message
+    _same_state(s, before, snapshot)
+
+
+def test_a_replayed_or_bad_request_through_the_control_socket_is_refused(planes: dict[str, PlaneServed]) -> None:
+    s = planes["async"]
+    ref = s.ref(s.put(_grad_batch(s)))
+    assert s.plane.call(CONTROL_SEND, ref.SerializeToString(), 10.0) == ("OK", pb.Reply().SerializeToString())
+    s.sent("fc_b")
+    before, snapshot = {p: s.raw.get(p) for p in PARAMS}, s.h.snapshot()
+    status, message = s.plane.call(CONTROL_SEND, ref.SerializeToString(), 10.0)
+    assert status == "INVALID_ARGUMENT" and b"a replayed reference is refused" in message
+    req = pb.ShmGetRequest(get=pb.GetVariablesRequest(names=["nope"]), slot=s.ref(ROOM, b"slot"))
+    status, message = s.plane.call(CONTROL_GET, req.SerializeToString(), 10.0)
+    assert status == "NOT_FOUND" and b"no such variable" in message
+    status, message = s.plane.call(b"X", b"", 10.0)
+    assert status == "INVALID_ARGUMENT" and b"unknown control-socket method" in message
+    _same_state(s, before, snapshot)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_pipelined_send_arrives_bit_exactly(mode: str, tracker: Tracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.rpc import client as client_mod, shm
+
+    monkeypatch.setattr(client_mod, "PIPELINE_MIN_BYTES", 1)  # every send pipelined ...
+    monkeypatch.setattr(shm, "PIECE_BYTES", 24)  # ... in many pieces, none aligned to an element
+    h = build_pserver(mode == "sync", serve=True, tracker=tracker)
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+    c.shm_threshold = 1
+    try:
+        c.get([(h.endpoint, "fc_b")])  # a segment, and the control socket
+        control = h.pserver.data_plane.control
+        before, calls = np.asarray(h.scope.find_var("fc_b")).copy(), control.calls
+        grad = np.random.default_rng(5).normal(size=(30,)).astype(np.float32)
+        c.send(h.endpoint, h.grad_name("fc_b", 0), grad)
+        c.wait_sends()
+        assert control.calls == calls + 1
+        if mode == "sync":
+            np.testing.assert_array_equal(np.asarray(h.scope.find_var(h.grad_name("fc_b", 0))), grad)
+        else:
+            np.testing.assert_allclose(np.asarray(h.scope.find_var("fc_b")), before - np.float32(LR) * grad, rtol=1e-6)
+        bad = np.full(30, np.nan, np.float32)  # checked finite piece by piece, as it is copied out
+        with pytest.raises(RPCError, match="NaN or Inf"):
+            c.send(h.endpoint, h.grad_name("fc_b", 0), bad)
+            c.wait_sends()
+    finally:
+        c.close()
+
+
+def _pipelined(s: PlaneServed, request: bytes, reports: list[bytes]) -> bytes:
+    """Send a pipelined request and ``reports`` on a connection of its own; the answer (b"": closed)."""
+    import socket
+
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.settimeout(10)
+    try:
+        conn.connect(s.plane.control)
+        conn.send(b"P" + request)
+        for r in reports:
+            conn.send(r)
+        return conn.recv(1 << 16)
+    finally:
+        conn.close()
+
+
+def test_a_pipelined_send_that_breaks_off_or_lies_keeps_nothing(planes: dict[str, PlaneServed]) -> None:
+    import struct
+
+    s = planes["sync"]
+    n = s.put(_grad_batch(s))
+    before, snapshot = {p: s.raw.get(p) for p in PARAMS}, s.h.snapshot()
+    report = struct.Struct("<cQ").pack
+    # garbage progress: no answer, the connection is dropped
+    assert _pipelined(s, s.ref(n).SerializeToString(), [b"garbage"]) == b""
+    # the trainer says it wrote less than its reference covers
+    answer = _pipelined(s, s.ref(n).SerializeToString(), [report(b"R", 8), report(b"F", 16)])
+    assert answer.startswith(b"\1INVALID_ARGUMENT\n") and b"ended at byte 16" in answer
+    # progress going backwards
+    assert _pipelined(s, s.ref(n).SerializeToString(), [report(b"R", 16), report(b"R", 8)]) == b""
+    # refused before reading (bad MAC): the reports are read to the last, the answer says why
+    forged = pb.ShmRef(**{**_fields(s.ref(n)), "mac": b"\0" * 32})
+    answer = _pipelined(s, forged.SerializeToString(), [report(b"R", 16), report(b"F", n)])
+    assert answer.startswith(b"\1INVALID_ARGUMENT\n") and b"does not carry a valid HMAC" in answer
+    _same_state(s, before, snapshot)
+
+
+def test_without_a_control_socket_the_data_plane_takes_grpc(tracker: Tracker) -> None:
+    h = build_pserver(True, serve=True, tracker=tracker)
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+    c.shm_threshold = 1
+    try:
+        c.get([(h.endpoint, "fc_b")])
+        plane = c._plane(h.endpoint)
+        c.get([(h.endpoint, "fc_b")])
+        assert plane is not None and plane.control is not None
+        control = h.pserver.data_plane.control
+        control.close()  # the trainer's connection breaks; the references still go, over gRPC
+        before = control.calls
+        got = c.get([(h.endpoint, "fc_b")])[0]
+        assert plane.control is None and plane.state is True and control.calls == before
+        assert any(np.shares_memory(got, seg.array) for seg in plane.segments)
+        np.testing.assert_array_equal(got, np.asarray(h.scope.find_var("fc_b")))
+        with pytest.raises(ControlFailed):
+            plane.call(CONTROL_GET, b"", 1.0)
+    finally:
+        c.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")
+def test_the_control_socket_serves_only_this_user(planes: dict[str, PlaneServed]) -> None:
+    s = planes["sync"]
+    address = s.plane.control
+    assert address is not None
+    other = textwrap.dedent(f"""
+        import os, socket
+        os.setgid(65534); os.setuid(65534)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn.settimeout(10)
+        conn.connect({address!r})
+        try:
+            conn.send(b"S" + b"x" * 8)
+            print("answer", conn.recv(1 << 16))
+        except OSError as e:
+            print("refused", e)
+    """)
+    done = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(("answer b''", "refused")), done.stdout
 
 
 # --- references: forged, truncated, oversized, out of range, replayed, stale ------------------------------------------

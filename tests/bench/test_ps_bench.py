@@ -1,0 +1,87 @@
+"""``bench/ps_bench.py``'s pieces that need no benchmark run: option parsing (``--skip-jobs``, ``--plot``) and
+the ``--plot`` figure's data, built from a results dict shaped as ``main`` returns it (the PNG itself is
+written only where matplotlib is importable: it is a bench-only extra)."""
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+
+from bench import plotting
+from bench import ps_bench as pb
+
+try:
+    import matplotlib  # noqa: F401
+    HAVE_MATPLOTLIB = True
+except ImportError:
+    HAVE_MATPLOTLIB = False
+
+
+def _row(job: str, per_trainer: float, pservers: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"job": job, "pservers": pservers, "trainers": 2 if pservers else 1, "per_trainer": per_trainer,
+            "paddle": False, "placement": "", **extra}
+
+
+def _result(rows: list[dict[str, Any]], modes: list[str], paddle: str | None = None) -> dict[str, Any]:
+    return {"jobs": rows, "paddle": paddle, "reference_per_trainer": pb.REFERENCE_PER_TRAINER,
+            "config": {"data_plane": modes, "batch_size": 512, "quick": False}}
+
+
+def test_bars_per_job_and_system_with_both_data_planes_and_the_recorded_paddle() -> None:
+    rows = [_row("single-process", 20_000.0, pservers=0), _row("1x2 sync", 9_000.0), _row("1x2 sync +shm", 9_500.0),
+            _row("1x2 async", 14_000.0), _row("1x2 async +shm", 15_000.0), _row("2x2 geo10", 16_000.0),
+            _row("2x2 geo10 +shm", 16_500.0), _row("1x2 hybrid-async", 12_000.0)]
+    bars = pb.plot_bars(_result(rows, ["off", "auto"]))
+    assert [(b.group, b.series, b.value, b.recorded) for b in bars] == [
+        ("single-process", "Flotilla", 20_000.0, False),
+        ("1x2 sync", "Flotilla, gRPC", 9_000.0, False), ("1x2 sync", "Flotilla, shm", 9_500.0, False),
+        ("1x2 async", "Flotilla, gRPC", 14_000.0, False), ("1x2 async", "Flotilla, shm", 15_000.0, False),
+        ("2x2 geo10", "Flotilla, gRPC", 16_000.0, False), ("2x2 geo10", "Flotilla, shm", 16_500.0, False),
+        ("1x2 hybrid-async", "Flotilla, gRPC", 12_000.0, False),
+        ("1x2 async", "Paddle 2.6.2 PS", pb.REFERENCE_PER_TRAINER, True),  # not measured here: marked
+    ]
+
+
+def test_paddle_measured_in_the_run_replaces_the_recorded_figure() -> None:
+    rows = [_row("single-process", 20_000.0, pservers=0), _row("1x2 async", 14_000.0),
+            _row("paddle 1x2 async", 8_000.0, paddle=True), _row("1x2 async +token", 13_500.0),
+            _row("1x2 async @netns", 11_000.0, placement="@netns")]
+    bars = pb.plot_bars(_result(rows, ["auto"], paddle="Paddle 2.6.2"))
+    assert [(b.group, b.series, b.value, b.recorded) for b in bars] == [
+        ("single-process", "Flotilla", 20_000.0, False), ("1x2 async", "Flotilla, shm", 14_000.0, False),
+        ("1x2 async", "Paddle 2.6.2 PS", 8_000.0, False), ("1x2 async", "Flotilla, shm, +token", 13_500.0, False),
+        ("1x2 async", "Flotilla, shm, @netns", 11_000.0, False),
+    ]
+
+
+def test_no_recorded_paddle_bar_without_its_job() -> None:
+    bars = pb.plot_bars(_result([_row("single-process", 1.0, pservers=0), _row("2x2 sync", 2.0)], ["off"]))
+    assert [b.series for b in bars] == ["Flotilla", "Flotilla, gRPC"]
+
+
+def test_options(capsys: pytest.CaptureFixture[str]) -> None:
+    args = pb.parse_args(["--skip-jobs", "--data-plane", "both"])
+    assert args.skip_jobs and args.data_plane == ["off", "auto"] and args.plot == ""
+    for argv, words in ((["--plot", "out.svg"], "ending in .png"),
+                        (["--plot", "out.png", "--skip-jobs"], "leave out --skip-jobs")):
+        with pytest.raises(SystemExit):
+            pb.parse_args(argv)
+        assert words in capsys.readouterr().err
+
+
+def test_plot_writes_a_png_or_says_how_to_get_matplotlib(tmp_path: pathlib.Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "jobs.png"
+    if not HAVE_MATPLOTLIB:
+        with pytest.raises(SystemExit):
+            pb.parse_args(["--plot", str(path)])
+        assert "matplotlib is not installed" in capsys.readouterr().err
+        with pytest.raises(plotting.PlotUnavailable, match="pip install"):
+            plotting.pyplot()
+        return
+    assert pb.parse_args(["--plot", str(path)]).plot == str(path)
+    rows = [_row("single-process", 20_000.0, pservers=0), _row("1x2 async", 14_000.0),
+            _row("1x2 async +shm", 15_000.0)]
+    pb.plot_jobs(str(path), _result(rows, ["off", "auto"]))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
