@@ -103,6 +103,7 @@ from ir.core import Operator, Program, Variable
 from ir.errors import FlotillaError
 from ir.names import TRAINER_ID_VAR, dc_asgd_backup_name, geo_updates_name
 from ir.ops.registry import suggest
+from runtime.executor import block_dependency
 from runtime.rows import gather_rows, padded_size
 from runtime.rpc.wire import Decoded, encode_variable
 from runtime.scope import Scope, SelectedRows
@@ -217,15 +218,21 @@ class _SyncState:
 
 
 class PServer:
-    """Serve one pserver program (see the module docstring). ``run_block(block_idx)`` runs a block of
-    ``program`` against ``scope`` (normally ``Executor.run_block``)."""
+    """Serve one pserver program (see the module docstring). ``run_block(block_idx, scope)`` runs a block
+    of ``program`` against ``scope`` (normally ``Executor.run_block``); ``run_blocks(block_ids, scope)``,
+    when given, runs an independent set of blocks as one compiled call (``Executor.run_blocks``), and a
+    request's or a sync step's optimize blocks then run that way."""
 
     def __init__(self, program: Program, scope: Scope, op: Operator, run_block: Callable[[int, Scope], None], *,
+                 run_blocks: Callable[[tuple[int, ...], Scope], None] | None = None,
                  barrier_timeout: float = 120.0, save_persistables: Callable[[str], None] | None = None,
                  checkpoint_root: str | None = None, allow_rejoin: bool = True, check_finite: bool = True,
                  authenticated: bool = False, log: Callable[[str], None] | None = None) -> None:
         self.program, self.scope, self.config = program, scope, ServeConfig.from_op(op)
         self._run_block = run_block
+        self._run_blocks = run_blocks
+        self._merged: dict[tuple[int, ...], bool] = {}  # block set -> whether it runs as one call
+        self._merged_lock = threading.Lock()
         self._save = save_persistables
         self.barrier_timeout = barrier_timeout
         self.checkpoint_root = checkpoint_root
@@ -274,6 +281,10 @@ class PServer:
         self._unchecked = frozenset(self._received) | frozenset(self.config.grad_to_block) | frozenset(
             n for g in self.config.sparse_grad_to_param if g in self.config.grad_to_block
             for n in self._overwritten[self.config.grad_to_block[g]])
+        # What the learning-rate block writes is the pserver's own state even before the scope holds it (its
+        # temporaries of block 0): an async request's update that runs the lr block writes it back.
+        self._lr_outputs = frozenset(n for o in program.block(self.config.lr_block).ops
+                                     for n in o.output_arg_names) if self.config.lr_block >= 0 else frozenset()
         self._cv = threading.Condition()
         self._live = set(range(self.config.trainers))
         self._trainers: dict[int, _Incarnation] = {}
@@ -416,7 +427,9 @@ class PServer:
     def send_batch(self, msgs: list[Decoded]) -> None:
         """Store (sync) or apply (async) the gradients of one request, all or none: every message is
         validated, and every sequence number checked, before any is stored (sync mode stores them under
-        one lock, so a step's barrier never sees half a batch). Async mode applies each in turn."""
+        one lock, so a step's barrier never sees half a batch). Async mode applies a request's gradients of
+        one trainer together: their optimize blocks run as one compiled call, checked and committed as a
+        whole (``_apply_async``)."""
         if len({m.name for m in msgs}) != len(msgs):
             names = [m.name for m in msgs]
             twice = sorted({n for n in names if names.count(n) > 1})
@@ -432,8 +445,11 @@ class PServer:
                 return
             for p in accepted:
                 self._trainers[p.trainer_id].seen_seq[p.name] = p.seq
+        by_trainer: dict[int, list[_Send]] = {}
         for p in accepted:
-            self._apply_async(p.trainer_id, p.name, p.value, p.step)
+            by_trainer.setdefault(p.trainer_id, []).append(p)
+        for sends in by_trainer.values():
+            self._apply_async(sends)
 
     def _prepare_send(self, msg: Decoded) -> "_Send":
         """Validate one received gradient (no state is read or changed): the value to store."""
@@ -743,7 +759,7 @@ class PServer:
             return
         self._average_over_senders(self._fresh.pop(st.step, set()))
         try:
-            update = self._update(self.config.optimize_blocks)
+            update = self._update(self.config.optimize_blocks)  # one call: the lr block first, then the rest
         except Exception as e:  # noqa: BLE001 - the pserver fails; every waiter learns why
             self.fail(PServerError(Status.INTERNAL, f"pserver {self.config.endpoint}: optimize blocks of step "
                                    f"{st.step} failed: {type(e).__name__}: {e}"))
@@ -788,52 +804,89 @@ class PServer:
         first gradient's."""
         return next(iter(self.config.grad_to_block.values()), -1)
 
-    def _update(self, blocks: Any, inputs: Scope | None = None) -> "_Update | None":
-        """Run ``blocks`` on the pserver's scope, or on ``inputs`` (a child of it holding a request's own
-        values; then only the pserver's own variables are written back). With ``check_finite`` the results
-        are held back in the returned ``_Update`` (commit them once checked); without, they are written
-        at once and None is returned."""
+    def _run_set(self, blocks: tuple[int, ...], scope: Scope) -> None:
+        """Run the optimize blocks ``blocks`` in order on ``scope``: as one compiled call when ``run_blocks``
+        was given and the set is independent (``runtime.executor.block_dependency``), else one by one. At
+        most ``_MAX_MERGED_SETS`` distinct sets are merged (each is its own plan and compile); later new
+        sets run block by block, whose plans are shared."""
+        if len(blocks) > 1 and self._run_blocks is not None and self._mergeable(blocks):
+            self._run_blocks(blocks, scope)
+            return
+        for idx in blocks:
+            self._run_block(idx, scope)
+
+    def _mergeable(self, blocks: tuple[int, ...]) -> bool:
+        merged = self._merged.get(blocks)
+        if merged is None:
+            with self._merged_lock:
+                merged = self._merged.get(blocks)
+                if merged is None:
+                    many = sum(self._merged.values()) >= _MAX_MERGED_SETS
+                    merged = not many and block_dependency(self.program, blocks) is None
+                    self._merged[blocks] = merged
+        return merged
+
+    def _update(self, blocks: tuple[int, ...], inputs: Scope | None = None) -> "_Update | None":
+        """Run ``blocks`` (one call, see ``_run_set``) on the pserver's scope, or on ``inputs`` (a child of it
+        holding a request's own values; then only the pserver's own variables are written back: those it
+        holds and the learning-rate block's). With ``check_finite`` the results are held back in the returned
+        ``_Update`` (commit them once checked: one fused check, one commit); without, they are written at
+        once and None is returned."""
+        keep = None if inputs is None else self._lr_outputs
         if not self.check_finite:
-            scope = self.scope if inputs is None else _WriteThrough(inputs, self.scope)
-            for idx in blocks:
-                self._run_block(idx, scope)
+            self._run_set(blocks, self.scope if inputs is None else _WriteThrough(inputs, self.scope, keep))
             return None
         overwritten = set().union(*(self._overwritten[idx] for idx in blocks))
-        update = _Update(self.scope if inputs is None else inputs, self.scope, overwritten, self._unchecked,
-                         write_back_all=inputs is None)
-        for idx in blocks:
-            self._run_block(idx, update)
+        update = _Update(self.scope if inputs is None else inputs, self.scope, overwritten, self._unchecked, keep)
+        self._run_set(blocks, update)
         return update
 
-    def _apply_async(self, t: int, name: str, value: Any, step: int) -> None:
-        idx = self._grad_block[name]
-        with self._block_locks[idx]:
-            if self.config.lr_block >= 0 and idx == self._lr_trigger:
-                with self._block_locks[self.config.lr_block]:
-                    self._run_block(self.config.lr_block, self.scope)
+    def _apply_async(self, sends: list[_Send]) -> None:
+        """Apply one trainer's accepted gradients of one request: their optimize blocks (and the learning-rate
+        block first when the trigger gradient is among them) run as one call under the locks of every block
+        involved, taken in block order; the merged update is checked and committed as a whole."""
+        blocks: dict[int, None] = {}
+        for p in sends:
+            blocks.setdefault(self._grad_block[p.name], None)
+        if len(blocks) < len(sends):  # two gradients of one block (a request never has them): one at a time
+            for p in sends:
+                self._apply_async([p])
+            return
+        ordered = tuple(sorted(blocks))  # canonical: one plan per set, whatever the request's order
+        lr = self.config.lr_block
+        if lr >= 0 and self._lr_trigger in blocks:
+            ordered = (lr,) + tuple(b for b in ordered if b != lr)
+        t = sends[0].trainer_id
+        names = [p.name for p in sends]
+        what = (f"send of {names[0]!r}" if len(sends) == 1 else f"send batch of {names}") + f" from trainer {t} for " \
+            f"step {', '.join(str(s) for s in sorted({p.step for p in sends}))}"
+        with _all(self._block_locks[idx] for idx in sorted(ordered)):
             scope = self.scope.new_scope()
-            scope.set_var(name, value)
+            for p in sends:
+                scope.set_var(p.name, p.value)
             if self.config.dc_asgd:
                 scope.set_var(TRAINER_ID_VAR, np.array([t], np.int64))
             try:
-                update = self._update((idx,), scope)
+                update = self._update(ordered, scope)
             except Exception as e:  # noqa: BLE001 - reported to the sender
-                raise PServerError(Status.INTERNAL, f"applying {name!r} failed: {type(e).__name__}: {e}") from e
+                raise PServerError(Status.INTERNAL, f"applying the {what} failed: {type(e).__name__}: {e}") from e
             bad = update.nonfinite() if update is not None else None
             if bad is not None:
                 with self._cv:
                     self.rejected_nonfinite += 1
+                finite = "the gradient is finite; refused" if len(sends) == 1 else \
+                    "every gradient is finite; the request is refused as a whole"
                 raise PServerError(Status.INVALID_ARGUMENT,
-                                   f"send of {name!r} from trainer {t} for step {step}: applying it makes "
-                                   f"{bad[0]!r} hold {bad[1]} NaN or Inf value(s) although the gradient is finite; "
-                                   "refused, the parameters are unchanged", hint=_NONFINITE_HINT)
+                                   f"{what}: applying it makes {bad[0]!r} hold {bad[1]} NaN or Inf value(s) although "
+                                   f"{finite}, the parameters are unchanged", hint=_NONFINITE_HINT)
             if update is not None:
                 update.commit()
-            if self._geo_changed and name in self._table_grads:
-                changed = self._geo_changed[self.config.sparse_grad_to_param[name]]
-                rows = np.asarray(value.rows)
-                changed[:, rows[rows < changed.shape[1]]] = True  # padding rows (== height) are not rows
-        self.steps_run += 1
+            for p in sends:
+                if self._geo_changed and p.name in self._table_grads:
+                    changed = self._geo_changed[self.config.sparse_grad_to_param[p.name]]
+                    rows = np.asarray(p.value.rows)
+                    changed[:, rows[rows < changed.shape[1]]] = True  # padding rows (== height) are not rows
+        self.steps_run += len(sends)
 
     def _zeros_of(self, name: str, var: Variable) -> Any:
         """A zero value of received variable ``name`` (a completed trainer's gradient copy)."""
@@ -947,6 +1000,11 @@ def _scaled(value: Any, factor: float) -> Any:
     return arr * arr.dtype.type(factor)
 
 
+#: How many distinct optimize-block sets a pserver runs merged (each is one plan, compiled per row count
+#: of its selected rows); requests carrying other sets run block by block. Clients batch a step's sends
+#: the same way every step, so a job uses a handful.
+_MAX_MERGED_SETS = 16
+
 _NONFINITE_HINT = ("lower the learning rate, clip gradients, or check the input data "
                    "(FLAGS_pserver_check_finite=0 turns this check off)")
 
@@ -982,10 +1040,10 @@ class _Update(Scope):
     alone; the parameters they update are checked) and what selected rows update in place (tables)."""
 
     def __init__(self, inputs: Scope, shared: Scope, overwritten: set[str], unchecked: frozenset[str],
-                 write_back_all: bool) -> None:
+                 keep: frozenset[str] | None) -> None:
         super().__init__(inputs)
         self._shared = shared
-        self._write_back_all = write_back_all
+        self._keep = keep
         self._unchecked = unchecked
         self.written: dict[str, None] = {}
         for name in sorted(overwritten - unchecked):
@@ -1019,22 +1077,24 @@ class _Update(Scope):
         return names[first], _nonfinite_count(values[first])
 
     def commit(self) -> None:
-        """Write the results to the pserver's scope: every one, or (a request's update) those of the
-        pserver's own variables, as ``_WriteThrough`` would have."""
+        """Write the results to the pserver's scope: every one (``keep`` None), or (a request's update) those
+        of the pserver's own variables (held by it, or in ``keep``), as ``_WriteThrough`` would have."""
         for name in self.written:
-            if self._write_back_all or self._shared.find_var(name) is not None:
+            if self._keep is None or name in self._keep or self._shared.find_var(name) is not None:
                 self._shared.set_var(name, self.find_var(name))
 
 
 class _WriteThrough(Scope):
-    """A request's scope: reads fall through; writes of the pserver's own variables go to it."""
+    """A request's scope: reads fall through; writes of the pserver's own variables (held by it, or in
+    ``keep``) go to it."""
 
-    def __init__(self, local: Scope, shared: Scope) -> None:
+    def __init__(self, local: Scope, shared: Scope, keep: frozenset[str] | None = None) -> None:
         super().__init__(local)
         self._shared = shared
+        self._keep = keep or frozenset()
 
     def set_var(self, name: str, value: Any) -> None:
-        if self._shared.find_var(name) is not None:
+        if name in self._keep or self._shared.find_var(name) is not None:
             self._shared.set_var(name, value)
         else:
             super().set_var(name, value)
