@@ -43,6 +43,7 @@ from runtime.kernels.registry import (RNG_SLOT, get_host_kernel, get_kernel, has
                                       shape_only_slots)
 from runtime.place import CPUPlace, CUDAPlace
 from runtime.collective import local_value
+from runtime.block_sets import block_dependency
 from runtime.lod import expand_lod_feeds
 from runtime.rpc.session import RPCSession
 from runtime.x64 import with_x64
@@ -69,6 +70,7 @@ class _PureRun:
     outputs: list[str]
     batch: frozenset[str] = frozenset()  # batch-major names (split over the data-parallel mesh)
     random: bool = False  # some op draws random numbers (keyed on the run counter)
+    checked: list[str] = field(default_factory=list)  # outputs whose finiteness the call also returns
     fn: Any = None  # compiled on first use, when the data-parallel mesh (if any) is known
     dp: Any = None  # the runtime.collective.DataParallel it was compiled for
 
@@ -270,25 +272,28 @@ class Executor:
         plan.runs += 1
 
     @with_x64
-    def run_blocks(self, program: Program, block_ids: Sequence[int], scope: Scope) -> None:
+    def run_blocks(self, program: Program, block_ids: Sequence[int], scope: Scope, *,
+                   keep: frozenset[str] = frozenset(), check: frozenset[str] = frozenset()) -> list[str]:
         """Run the sub-blocks ``block_ids`` of ``program`` (e.g. the optimize blocks one pserver request
         updates) as one plan: their ops concatenated in that order, so a stretch of pure ops, across
         blocks, is one compiled call. The result equals ``run_block`` of each in turn, because the set
-        must be independent (``independent_blocks``; ExecutionError E689 otherwise): no block reads or
+        must be independent (``block_dependency``; ExecutionError E689 otherwise): no block reads or
         writes what another block of the set writes, except that every block may read what the FIRST one
-        writes (a learning-rate block, then computed first within the same trace). Cached per program
-        version and ``block_ids``; jax caches compilations per input shapes, so callers keep the number
-        of distinct sets (and of selected-rows row counts: pad them) small. A random op draws from its
-        index in its own block and this set's run counter."""
+        writes (a learning-rate block, then computed first within the same trace).
+
+        ``keep``: variables whose buffers are not donated (the caller's values stay intact, so a refused
+        update needs no copies). ``check``: variables whose new values are checked for NaN/Inf inside the
+        same compiled call; returns those of them written that hold one (in write order; [] if none).
+        Cached per program version, ``block_ids``, ``keep`` and ``check``; jax caches compilations per
+        input shapes, so callers keep the number of distinct sets (and of selected-rows row counts: pad
+        them) small. A random op draws from its index in its own block and this set's run counter."""
         if self._closed:
             raise ExecutionError("this Executor is closed", hint="create a new runtime.Executor")
         ids = tuple(int(i) for i in block_ids)
-        if len(ids) == 1:
-            self.run_block(program, ids[0], scope)
-            return
-        plan = self._plan(program, (), (), ids)
-        self._execute(program, program.block(ids[0]), plan, _RunScope(scope, plan.persistable))
+        plan = self._plan(program, (), (), ids, frozenset(keep), frozenset(check))
+        checks = self._execute(program, program.block(ids[0]), plan, _RunScope(scope, plan.persistable))
         plan.runs += 1
+        return [n for names, flags in checks for n, ok in zip(names, np.asarray(flags)) if not ok]
 
     def close(self) -> None:
         """Release the executor; its RPC session tells every pserver it talked to that this trainer is
@@ -325,21 +330,24 @@ class Executor:
 
     # --- planning
     def _plan(self, program: Program, feed: tuple[str, ...], fetch: tuple[str, ...],
-              block_ids: tuple[int, ...] = (0,)) -> _Plan:
+              block_ids: tuple[int, ...] = (0,), keep: frozenset[str] = frozenset(),
+              check: frozenset[str] = frozenset()) -> _Plan:
         per_program = self._plans.setdefault(program, {})
-        key = (program.version, block_ids, feed, fetch)
+        key = (program.version, block_ids, feed, fetch, keep, check)
         plan = per_program.get(key)
         if plan is None:
             for stale in [k for k in per_program if k[0] != program.version]:
                 del per_program[stale]  # an older version's plans are dead
             if len(block_ids) > 1:
                 _check_independent(program, block_ids)
-            plan = self._build_plan(program, [program.block(i) for i in block_ids], fetch)
+            plan = self._build_plan(program, [program.block(i) for i in block_ids], fetch, keep, check)
             per_program[key] = plan
         return plan
 
-    def _build_plan(self, program: Program, blocks: list[Block], fetch: tuple[str, ...]) -> _Plan:
-        """The plan of ``blocks``' ops concatenated (one block, or an independent set of sub-blocks)."""
+    def _build_plan(self, program: Program, blocks: list[Block], fetch: tuple[str, ...],
+                    keep: frozenset[str] = frozenset(), check: frozenset[str] = frozenset()) -> _Plan:
+        """The plan of ``blocks``' ops concatenated (one block, or an independent set of sub-blocks); see
+        ``run_blocks`` for ``keep`` and ``check``."""
         block = blocks[0]
         for name in fetch:
             if block.find_var_recursive(name) is None:
@@ -381,7 +389,7 @@ class Executor:
                 continue
             deletes = folded.get(id(group), [])
             dead = _fold_deletes(group, deletes) - set(fetch)
-            run = self._make_run(program, block, group, needed_later - dead, persistable - dead)
+            run = self._make_run(program, block, group, needed_later - dead, persistable - dead, keep, check)
             # Only names the scope may hold: a value the run made and does not return never reached it.
             made = {n for _, op in group for n in op.output_arg_names} - set(run.reads)
             erase = [n for _, op in deletes for n in op.input("X") if n not in run.outputs and n not in made]
@@ -399,7 +407,8 @@ class Executor:
                      collective_nranks=(max(nranks) if nranks else None))
 
     def _make_run(self, program: Program, block: Block, ops: list[tuple[int, Operator]],
-                  needed_later: set[str], persistable: set[str]) -> _PureRun:
+                  needed_later: set[str], persistable: set[str], keep: frozenset[str] = frozenset(),
+                  check: frozenset[str] = frozenset()) -> _PureRun:
         reads: list[str] = []
         written: dict[str, None] = {}
         for _, op in ops:
@@ -410,10 +419,11 @@ class Executor:
                 if n != EMPTY_VAR_NAME:
                     written[n] = None
         outputs = [n for n in written if n in needed_later or n in persistable]
-        donated = [n for n in reads if n in persistable and n in written]
+        donated = [n for n in reads if n in persistable and n in written and n not in keep]
         kept = [n for n in reads if n not in donated]
         batch = frozenset(n for n in reads + outputs if _is_batch(block, n, persistable))
-        return _PureRun(ops, reads, donated, kept, outputs, batch, any(_is_random(op) for _, op in ops))
+        return _PureRun(ops, reads, donated, kept, outputs, batch, any(_is_random(op) for _, op in ops),
+                        checked=[n for n in outputs if n in check])
 
     def _compile(self, run: _PureRun, block: Block, dp: Any) -> Any:
         """One jitted function for ``run``; under ``shard_map`` over ``dp``'s mesh when given."""
@@ -452,7 +462,10 @@ class Executor:
         return mesh
 
     # --- execution
-    def _execute(self, program: Program, block: Block, plan: _Plan, scope: Scope, dp: Any = None) -> None:
+    def _execute(self, program: Program, block: Block, plan: _Plan, scope: Scope,
+                 dp: Any = None) -> list[tuple[list[str], Any]]:
+        """Run ``plan``; returns (checked names, their finiteness flags) of each pure run that checks any."""
+        checks: list[tuple[list[str], Any]] = []
         mesh: Any = False  # resolved at the first pure run (after gen_nccl_id may have formed the group)
         for step in plan.steps:
             if isinstance(step, _HostStep):
@@ -468,8 +481,11 @@ class Executor:
                 outs = step.fn(donated, kept, np.uint32(plan.runs))
             else:
                 outs = self._run_parallel(scope, block, step, mesh, plan)
+            if step.checked:
+                checks.append((step.checked, outs[-1]))
             for name, value in zip(step.outputs, outs):
                 scope.set_var(name, value)
+        return checks
 
     def _run_parallel(self, scope: Scope, block: Block, step: _PureRun, mesh: Any, plan: _Plan) -> Any:
         def arg(name: str, donate: bool) -> Any:
@@ -555,42 +571,12 @@ def _trace_run(run: _PureRun, block: Block, axis: str | None, arena: Any = None)
                 for n, v in zip(names, values):
                     if n != EMPTY_VAR_NAME:
                         env[n] = v
-        return tuple(env[n] for n in run.outputs)
+        outs = tuple(env[n] for n in run.outputs)
+        if run.checked:  # one flag a checked output, computed in this same compiled call
+            outs += (jax.numpy.stack([_finite(env[n]) for n in run.checked]),)
+        return outs
 
     return fn
-
-
-def block_dependency(program: Program, block_ids: Sequence[int]) -> str | None:
-    """Why ``Executor.run_blocks`` cannot run the blocks ``block_ids`` of ``program`` as one plan, or None
-    when it can: the blocks are distinct sub-blocks, and no block reads or writes what another block of
-    the set writes, except that every block may read what the first one writes (a learning-rate block).
-    Then the concatenated ops compute exactly what running each block in turn does."""
-    ids = list(block_ids)
-    if len(set(ids)) != len(ids):
-        return f"block(s) {sorted({i for i in ids if ids.count(i) > 1})} appear more than once"
-    if any(not 0 < i < program.num_blocks for i in ids):
-        return (f"blocks {ids} are not all sub-blocks of the program (ids 1..{program.num_blocks - 1}); "
-                "block 0 runs through Executor.run")
-    reads, writes = [], []
-    for i in ids:
-        r: set[str] = set()
-        w: set[str] = set()
-        for op in program.block(i).ops:
-            r.update(op.input_arg_names)
-            w.update(op.output_arg_names)
-        r.discard(EMPTY_VAR_NAME)
-        w.discard(EMPTY_VAR_NAME)
-        reads.append(r)
-        writes.append(w)
-    for j, i in enumerate(ids):
-        for k, other in enumerate(ids):
-            if k == j:
-                continue
-            touched = writes[j] & (writes[k] if j == 0 else writes[k] | reads[k])
-            if touched:
-                how = "reads or writes" if j else "writes"
-                return f"block {other} {how} {sorted(touched)[:3]}, which block {i} of the set writes"
-    return None
 
 
 def _check_independent(program: Program, block_ids: tuple[int, ...]) -> None:
@@ -600,6 +586,14 @@ def _check_independent(program: Program, block_ids: tuple[int, ...]) -> None:
                              "and cannot run as one plan", code="E689",
                              hint="run them one by one with run_block, or pass only independent blocks (only the "
                                   "first block's results, e.g. a learning rate, may be read by the others)")
+
+
+def _finite(value: Any) -> Any:
+    """Whether every value of ``value`` (an array or selected rows; traced) is finite; True if not floating."""
+    arr = value.values if isinstance(value, SelectedRows) else value
+    if not jax.numpy.issubdtype(arr.dtype, jax.numpy.floating):
+        return jax.numpy.bool_(True)
+    return jax.numpy.isfinite(arr).all()
 
 
 def _deletes_before(block: Block) -> list[int]:

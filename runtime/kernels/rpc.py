@@ -416,8 +416,8 @@ def listen_and_serv(ctx: Any, op: Operator) -> None:
     def run_block(idx: int, scope: Any) -> None:
         ctx.executor.run_block(ctx.program, idx, scope)
 
-    def run_blocks(ids: tuple[int, ...], scope: Any) -> None:
-        ctx.executor.run_blocks(ctx.program, ids, scope)
+    def run_blocks(ids: tuple[int, ...], scope: Any, **kw: Any) -> list[str]:
+        return ctx.executor.run_blocks(ctx.program, ids, scope, **kw)
 
     def save(path: str) -> None:
         io.save_checkpoint_part(ctx.executor, path, ctx.program, vars=io.pserver_checkpoint_vars(ctx.program),

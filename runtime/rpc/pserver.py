@@ -103,7 +103,7 @@ from ir.core import Operator, Program, Variable
 from ir.errors import FlotillaError
 from ir.names import TRAINER_ID_VAR, dc_asgd_backup_name, geo_updates_name
 from ir.ops.registry import suggest
-from runtime.executor import block_dependency
+from runtime.block_sets import block_dependency
 from runtime.rows import gather_rows, padded_size
 from runtime.rpc.wire import Decoded, encode_variable
 from runtime.scope import Scope, SelectedRows
@@ -224,7 +224,7 @@ class PServer:
     request's or a sync step's optimize blocks then run that way."""
 
     def __init__(self, program: Program, scope: Scope, op: Operator, run_block: Callable[[int, Scope], None], *,
-                 run_blocks: Callable[[tuple[int, ...], Scope], None] | None = None,
+                 run_blocks: Callable[..., list[str]] | None = None,
                  barrier_timeout: float = 120.0, save_persistables: Callable[[str], None] | None = None,
                  checkpoint_root: str | None = None, allow_rejoin: bool = True, check_finite: bool = True,
                  authenticated: bool = False, log: Callable[[str], None] | None = None) -> None:
@@ -232,6 +232,7 @@ class PServer:
         self._run_block = run_block
         self._run_blocks = run_blocks
         self._merged: dict[tuple[int, ...], bool] = {}  # block set -> whether it runs as one call
+        self._checked_cache: dict[tuple[int, ...], tuple[frozenset[str], frozenset[str]]] = {}
         self._merged_lock = threading.Lock()
         self._save = save_persistables
         self.barrier_timeout = barrier_timeout
@@ -276,6 +277,8 @@ class PServer:
         # What each optimize block overwrites (reads, then writes): the executor donates those buffers, so a
         # checked update runs on copies of them and commits only once its results are finite.
         self._overwritten = {idx: _overwritten(program, idx) for idx in range(program.num_blocks)}
+        self._writes = {idx: frozenset(n for o in program.block(idx).ops for n in o.output_arg_names)
+                        for idx in range(program.num_blocks)}
         # Selected rows update a few rows of a table in place: a copy and a check of the whole table (and its
         # accumulators) per update would cost more than the update, so those variables are left out.
         self._unchecked = frozenset(self._received) | frozenset(self.config.grad_to_block) | frozenset(
@@ -767,6 +770,7 @@ class PServer:
         if update is not None:
             bad = update.nonfinite()
             if bad is not None:
+                update.commit(unchecked_only=True)  # tables are updated in place, outside the check
                 self.rejected_nonfinite += 1
                 self.fail(PServerError(
                     Status.ABORTED, f"pserver {self.config.endpoint}: step {st.step} refused: its update of "
@@ -804,16 +808,26 @@ class PServer:
         first gradient's."""
         return next(iter(self.config.grad_to_block.values()), -1)
 
-    def _run_set(self, blocks: tuple[int, ...], scope: Scope) -> None:
-        """Run the optimize blocks ``blocks`` in order on ``scope``: as one compiled call when ``run_blocks``
-        was given and the set is independent (``runtime.executor.block_dependency``), else one by one. At
-        most ``_MAX_MERGED_SETS`` distinct sets are merged (each is its own plan and compile); later new
-        sets run block by block, whose plans are shared."""
-        if len(blocks) > 1 and self._run_blocks is not None and self._mergeable(blocks):
-            self._run_blocks(blocks, scope)
-            return
-        for idx in blocks:
-            self._run_block(idx, scope)
+    def _run_set(self, blocks: tuple[int, ...], scope: Scope, checked: bool) -> list[str] | None:
+        """Run the optimize blocks ``blocks`` in order on ``scope``. With ``run_blocks``: as one compiled call
+        when the set is independent (``runtime.block_sets.block_dependency``), else a call a block; at most
+        ``_MAX_MERGED_SETS`` distinct sets are merged (each is its own plan and compile), later new sets run
+        block by block. A ``checked`` run donates no buffer of a checked variable and checks the new values
+        in the same call: returns the written checked variables holding NaN/Inf. Without ``run_blocks``
+        (``run_block`` alone) returns None: the ``_Update`` checks its copies itself."""
+        if self._run_blocks is None:
+            for idx in blocks:
+                self._run_block(idx, scope)
+            return None
+        groups = [blocks] if len(blocks) == 1 or self._mergeable(blocks) else [(idx,) for idx in blocks]
+        bad: list[str] = []
+        for group in groups:
+            if checked:
+                keep, check = self._checked_args(group)
+                bad += self._run_blocks(group, scope, keep=keep, check=check)
+            else:
+                self._run_blocks(group, scope)
+        return bad
 
     def _mergeable(self, blocks: tuple[int, ...]) -> bool:
         merged = self._merged.get(blocks)
@@ -826,19 +840,32 @@ class PServer:
                     self._merged[blocks] = merged
         return merged
 
+    def _checked_args(self, blocks: tuple[int, ...]) -> tuple[frozenset[str], frozenset[str]]:
+        """For a checked run of ``blocks``: what it must not donate (the checked variables it overwrites) and
+        what it checks (the checked variables it writes); cached per set (they key the executor's plans)."""
+        args = self._checked_cache.get(blocks)
+        if args is None:
+            keep = frozenset().union(*(self._overwritten[idx] for idx in blocks)) - self._unchecked
+            check = frozenset().union(*(self._writes[idx] for idx in blocks)) - self._unchecked
+            args = self._checked_cache[blocks] = (keep, check)
+        return args
+
     def _update(self, blocks: tuple[int, ...], inputs: Scope | None = None) -> "_Update | None":
         """Run ``blocks`` (one call, see ``_run_set``) on the pserver's scope, or on ``inputs`` (a child of it
         holding a request's own values; then only the pserver's own variables are written back: those it
         holds and the learning-rate block's). With ``check_finite`` the results are held back in the returned
         ``_Update`` (commit them once checked: one fused check, one commit); without, they are written at
         once and None is returned."""
-        keep = None if inputs is None else self._lr_outputs
+        own = None if inputs is None else self._lr_outputs
         if not self.check_finite:
-            self._run_set(blocks, self.scope if inputs is None else _WriteThrough(inputs, self.scope, keep))
+            self._run_set(blocks, self.scope if inputs is None else _WriteThrough(inputs, self.scope, own), False)
             return None
-        overwritten = set().union(*(self._overwritten[idx] for idx in blocks))
-        update = _Update(self.scope if inputs is None else inputs, self.scope, overwritten, self._unchecked, keep)
-        self._run_set(blocks, update)
+        # With run_blocks the executor keeps the originals (no donation) and checks in the same call; without,
+        # the update reads copies of what the blocks overwrite and checks the results itself.
+        overwritten = set() if self._run_blocks is not None else \
+            set().union(*(self._overwritten[idx] for idx in blocks))
+        update = _Update(self.scope if inputs is None else inputs, self.scope, overwritten, self._unchecked, own)
+        update.bad = self._run_set(blocks, update, True)
         return update
 
     def _apply_async(self, sends: list[_Send]) -> None:
@@ -872,6 +899,7 @@ class PServer:
                 raise PServerError(Status.INTERNAL, f"applying the {what} failed: {type(e).__name__}: {e}") from e
             bad = update.nonfinite() if update is not None else None
             if bad is not None:
+                update.commit(unchecked_only=True)  # tables are updated in place, outside the check
                 with self._cv:
                     self.rejected_nonfinite += 1
                 finite = "the gradient is finite; refused" if len(sends) == 1 else \
@@ -1040,12 +1068,13 @@ class _Update(Scope):
     alone; the parameters they update are checked) and what selected rows update in place (tables)."""
 
     def __init__(self, inputs: Scope, shared: Scope, overwritten: set[str], unchecked: frozenset[str],
-                 keep: frozenset[str] | None) -> None:
+                 own: frozenset[str] | None) -> None:
         super().__init__(inputs)
         self._shared = shared
-        self._keep = keep
+        self._own = own
         self._unchecked = unchecked
         self.written: dict[str, None] = {}
+        self.bad: list[str] | None = None  # the checked variables the executor found NaN/Inf in (None: not checked)
         for name in sorted(overwritten - unchecked):
             value = shared.find_var(name)
             if value is not None:
@@ -1058,7 +1087,9 @@ class _Update(Scope):
     def nonfinite(self) -> tuple[str, int] | None:
         """The first written floating variable (a parameter, an accumulator, a learning rate; not an
         ``unchecked`` one) holding NaN or Inf and how many it holds, or None (one fused check over every
-        such value)."""
+        such value, made by the executor in the blocks' own call when it set ``bad``)."""
+        if self.bad is not None:
+            return (self.bad[0], _nonfinite_count(self.find_var(self.bad[0]))) if self.bad else None
         names, values = [], []
         for name in self.written:
             if name in self._unchecked:
@@ -1076,25 +1107,29 @@ class _Update(Scope):
         first = int(np.flatnonzero(~flags)[0])
         return names[first], _nonfinite_count(values[first])
 
-    def commit(self) -> None:
-        """Write the results to the pserver's scope: every one (``keep`` None), or (a request's update) those
-        of the pserver's own variables (held by it, or in ``keep``), as ``_WriteThrough`` would have."""
+    def commit(self, unchecked_only: bool = False) -> None:
+        """Write the results to the pserver's scope: every one (``own`` None), or (a request's update) those
+        of the pserver's own variables (held by it, or in ``own``), as ``_WriteThrough`` would have. With
+        ``unchecked_only`` (a refused update) just the unchecked ones: tables updated in place, whose old
+        buffers the executor donated."""
         for name in self.written:
-            if self._keep is None or name in self._keep or self._shared.find_var(name) is not None:
+            if unchecked_only and name not in self._unchecked:
+                continue
+            if self._own is None or name in self._own or self._shared.find_var(name) is not None:
                 self._shared.set_var(name, self.find_var(name))
 
 
 class _WriteThrough(Scope):
     """A request's scope: reads fall through; writes of the pserver's own variables (held by it, or in
-    ``keep``) go to it."""
+    ``own``) go to it."""
 
-    def __init__(self, local: Scope, shared: Scope, keep: frozenset[str] | None = None) -> None:
+    def __init__(self, local: Scope, shared: Scope, own: frozenset[str] | None = None) -> None:
         super().__init__(local)
         self._shared = shared
-        self._keep = keep or frozenset()
+        self._own = own or frozenset()
 
     def set_var(self, name: str, value: Any) -> None:
-        if name in self._keep or self._shared.find_var(name) is not None:
+        if name in self._own or self._shared.find_var(name) is not None:
             self._shared.set_var(name, value)
         else:
             super().set_var(name, value)

@@ -230,8 +230,8 @@ def build_pserver(sync: bool, *, barrier_timeout: float = 30.0, serve: bool = Fa
     def run_block(idx: int, block_scope: Scope) -> None:
         exe.run_block(program, idx, block_scope)
 
-    def run_blocks(ids: tuple[int, ...], block_scope: Scope) -> None:
-        exe.run_blocks(program, ids, block_scope)
+    def run_blocks(ids: tuple[int, ...], block_scope: Scope, **kw: Any) -> list[str]:
+        return exe.run_blocks(program, ids, block_scope, **kw)
 
     def save(path: str) -> None:
         from runtime import io
