@@ -23,7 +23,7 @@ from ir.names import unique_name
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
 from runtime.rpc.wire import decode_variable, encode_variable
 from runtime.scope import ExecutionError, Scope, SelectedRows
-from tests.runtime.rpc.conftest import LR, PSHandle, inc, listen_op
+from tests.runtime.rpc.conftest import LR, PARAMS, PSHandle, inc, listen_op, small_fc
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig
 
 ENDPOINT = "127.0.0.1:6174"
@@ -211,6 +211,38 @@ def test_async_batches_through_one_call_match_the_block_by_block_pserver() -> No
     assert merged.steps_run == plain.steps_run == sum(len(s) for _, s in requests)
     assert [blocks for blocks, one_call in merged._merged.items() if one_call] == [
         (1, 2, 3, 4, 5, 6), (3, 4, 5, 6), (1, 2, 4)]  # the lr block first when the trigger's block is in
+
+
+def test_dc_asgd_batches_through_one_call_match_the_block_by_block_pserver() -> None:
+    """DC-ASGD: every block of a request reads the sender's TRAINER_ID_VAR and its own backups (set by gets)."""
+    main, startup = small_fc()
+    t = DistributeTranspiler(DistributeTranspilerConfig(min_block_size=100, enable_dc_asgd=True))
+    t.transpile(0, program=main, startup_program=startup, pservers=f"{ENDPOINT},127.0.0.1:1", trainers=2,
+                sync_mode=False)
+    program, pstartup = t.get_pserver_programs(ENDPOINT)
+    exe = runtime.Executor()
+    servers = []
+    for merged in (True, False):
+        scope = Scope()
+        exe.run(pstartup, scope=scope)
+        ps = PServer(program, scope, listen_op(program), lambda idx, s: exe.run_block(program, idx, s),
+                     run_blocks=(lambda ids, s, **kw: exe.run_blocks(program, ids, s, **kw)) if merged else None)
+        for tr in (0, 1):
+            ps.announce(tr, inc(tr))
+        servers.append((ps, scope))
+    _copy_startup_values(servers[0][1], servers[1][1])
+    names = list(listen_op(program).input("X"))
+    block = program.global_block()
+    rng = np.random.default_rng(5)
+    seqs = {0: 0, 1: 0}
+    for tr in [0, 1, 1, 0]:
+        seqs[tr] += 1
+        grads = {n: rng.normal(size=block.var(n).shape).astype(np.float32) for n in names}
+        for ps, _ in servers:
+            ps.get_many(tr, list(PARAMS))  # DC-ASGD backs up what the trainer fetched
+            ps.send_batch([_msg(n, grads[n], tr, seqs[tr], seqs[tr]) for n in names])
+        assert _snapshot(servers[0][1]) == _snapshot(servers[1][1])
+    assert any(servers[0][0]._merged.values())
 
 
 def test_a_sync_step_through_one_call_matches_the_block_by_block_pserver() -> None:
