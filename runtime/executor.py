@@ -10,10 +10,12 @@ accumulators) are donated, so updates happen in place. Plans are cached on progr
 the fed names and the fetch list; jax caches compilations on feed shapes and dtypes.
 
 Sub-blocks: ``run_block`` runs one (a pserver's optimize block); ``run_blocks`` plans several independent
-ones (``block_dependency``: none reads or writes what another writes, except that all may read what the
-first writes) as ONE plan over their ops in order, so a pserver request that updates nine parameters is
-one compiled call, not nine. Its result equals running the blocks one by one; a dependent set is refused
-(E689). Plans of block sets are cached per program version and set.
+ones (``runtime.block_sets.block_dependency``: none reads or writes what another writes, except that all
+may read what the first writes) as ONE plan over their ops in order, so a pserver request that updates
+nine parameters is one compiled call, not nine. Its result equals running the blocks one by one; a
+dependent set is refused (E689). It may also be told variables to keep (not donated: the caller's values
+stay intact) and to check (their new values' finiteness comes back from the same compiled call). Plans of
+block sets are cached per program version, set, kept and checked names.
 
 Randomness is deterministic: a random op draws from ``fold_in(PRNGKey(seed or program.random_seed),
 op index, run counter)`` (the index counts no ``delete_var`` op, so ``release_memory`` changes no draw) so the same program and seed give the same numbers in every process (and, in a
@@ -277,7 +279,7 @@ class Executor:
         """Run the sub-blocks ``block_ids`` of ``program`` (e.g. the optimize blocks one pserver request
         updates) as one plan: their ops concatenated in that order, so a stretch of pure ops, across
         blocks, is one compiled call. The result equals ``run_block`` of each in turn, because the set
-        must be independent (``block_dependency``; ExecutionError E689 otherwise): no block reads or
+        must be independent (``runtime.block_sets.block_dependency``; ExecutionError E689 otherwise): no block reads or
         writes what another block of the set writes, except that every block may read what the FIRST one
         writes (a learning-rate block, then computed first within the same trace).
 

@@ -9,7 +9,8 @@ Protocol (sync mode, one step ``s``; every trainer is identified by its id):
 1. each live trainer sends its gradients of ``s`` (stored, not applied), then a SEND barrier for ``s``;
    the SEND barrier of ``s`` waits until every live trainer's FETCH barrier of ``s - 1`` is in;
 2. when every live trainer's SEND barrier of ``s`` is in, the optimize blocks run once, in
-   ``optimize_blocks`` order (the learning-rate block first), and every SEND barrier call returns;
+   ``optimize_blocks`` order (the learning-rate block first) as ONE compiled call (see One call), and
+   every SEND barrier call returns;
 3. trainers fetch parameters (``get``, answered at once: nothing changes them until step ``s + 1``'s
    barrier), then send a FETCH barrier; when every live trainer's is in, the step becomes ``s + 1``.
 A FETCH barrier for a step whose SEND barrier the trainer did not send (the trainer startup program's)
@@ -38,16 +39,25 @@ averages over the trainers that sent that gradient in that step: copies not sent
 ``trainers / senders`` before the optimize blocks run. So after a trainer completes (uneven data) a step
 is the mean over the batches actually present, exactly as single-process training on those batches.
 
+One call: the optimize blocks a sync step or an async request needs run as one compiled call
+(``run_blocks``, normally ``Executor.run_blocks``) when they are independent
+(``runtime.block_sets.block_dependency``: only the learning-rate block's results, computed first, are
+read by the others), else block by block; a pserver merges at most ``_MAX_MERGED_SETS`` distinct sets
+(each is a plan and a compile). Without ``run_blocks`` every block runs on its own.
+
 Non-finite gradients: with ``check_finite`` (the default) a floating gradient holding NaN or Inf is
 refused (INVALID_ARGUMENT naming the variable, the trainer and the step), nothing is stored or applied,
 and ``health()["rejected_nonfinite"]`` counts it. Finite gradients can still overflow once summed or
 applied (two 3e38 sum to Inf), so the updated values are checked too, before they replace the old ones:
-the blocks run on copies of what they overwrite (the executor donates those buffers) and their results
-are committed only if every floating one is finite (one fused check). A sync step that fails it fails the
-pserver (every trainer is told the step and the variable; the parameters stay as before the step); an
-async send that fails it is refused (INVALID_ARGUMENT) and the pserver goes on. Tables updated by selected
-rows (and their accumulators) are left out: copying and scanning a whole table per update of a few rows
-would cost more than the update.
+the blocks' call donates no buffer of a checked variable (without ``run_blocks``: they run on copies of
+what they overwrite) and checks the new values in that same call (one fused check); the results are
+committed only if every floating one is finite (one commit). A sync step that fails it fails the pserver
+(every trainer is told the step and the variable; the parameters stay as before the step); an async
+REQUEST that fails it is refused as a whole (INVALID_ARGUMENT naming the variable; none of its gradients
+is applied, the learning-rate step it triggered included) and the pserver goes on. Tables updated by
+selected rows (and their accumulators) are left out: copying and scanning a whole table per update of a
+few rows would cost more than the update; they are updated in place, so a refused update still leaves
+its rows of a table applied.
 
 Checkpoints: ``checkpoint(name)`` saves under ``name/pserver_<id>``. An absolute ``name`` is taken as it
 is, as Fluid did: a request that reached the pserver is authenticated (job token or mutual TLS) and so
@@ -56,8 +66,12 @@ explicit opt-out). A relative ``name`` resolves under ``checkpoint_root`` (the p
 configuration, ``FLOTILLA_CHECKPOINT_ROOT``) and must stay under it (no ``..``, no symlink leading out);
 without a root a relative name is refused.
 
-Async mode: each gradient runs its optimize block on arrival, under that block's lock;
-a ``get`` reads under the lock of the block that writes the variable; there are no barriers.
+Async mode: the gradients of a request (of one trainer) run their optimize blocks on arrival, as one
+call, under the locks of every block involved, taken in block order (as ``checkpoint`` takes them all: no
+deadlock); the learning-rate block runs first in that call when the request holds the trigger gradient
+(the first gradient's), under its lock too; with DC-ASGD the request's scope holds the sender's
+``TRAINER_ID_VAR`` for every block. A ``get`` reads under the lock of the block that writes the
+variable; there are no barriers.
 
 Geo-SGD (``distributed_mode`` 3, async): the received entries are parameter deltas the blocks add
 (``sum``). For a distributed table the pserver also records, per trainer, which shard rows any delta
