@@ -285,3 +285,23 @@ def test_an_async_batch_whose_merged_update_overflows_is_refused_whole(make_pser
                           _msg(h.grad_name("fc_b", 0), np.ones(30, np.float32), 0, 1, 2)])
     w_before = np.frombuffer(before["fc_w.block1"][2], np.float32).reshape(20, 30)
     np.testing.assert_allclose(h.params()["fc_w.block1"], w_before - np.float32(LR) * g, rtol=1e-6, atol=1e-7)
+
+
+def test_a_refused_async_request_leaves_its_table_rows_applied_and_everything_else_untouched() -> None:
+    """The table and its accumulators are updated in place, outside the check (their old buffers are donated):
+    a request refused for a dense parameter's update still commits them, and every other variable is as before."""
+    ps, scope, program = _pserver("adam", False, True)
+    names = list(listen_op(program).input("X"))
+    table_grad = next(n for n in names if program.global_block().var(n).type == "selected_rows")
+    dense = next(n for n in names if n != table_grad)
+    grads = _gradients(program, 30, padded=False)
+    grads[dense] = np.full_like(grads[dense], 3e38)  # finite; its squared moment is not
+    before = _snapshot(scope)
+    with pytest.raises(PServerError) as info:
+        ps.send_batch([_msg(n, grads[n], 0, 0, 1) for n in (dense, table_grad)])
+    assert info.value.status is Status.INVALID_ARGUMENT and "moment2" in info.value.message
+    assert "the request is refused as a whole" in info.value.message
+    after = _snapshot(scope)
+    table_state = {n for n in after if n == "emb" or n.startswith("emb_")}
+    assert {n for n in after if after[n] != before.get(n)} <= table_state and after["emb"] != before["emb"]
+    assert not scope.find_var("emb").is_deleted()
