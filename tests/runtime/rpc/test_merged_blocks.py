@@ -97,11 +97,12 @@ def _gradients(program: Program, seed: int, sparse_rows: int = 5, padded: bool =
     for name in listen_op(program).input("X"):
         var = block.var(name)
         if var.type == "selected_rows":
+            total = max(8, sparse_rows)
             rows = np.concatenate([rng.choice(TABLE_ROWS, sparse_rows, replace=False),
-                                   np.full(8 - sparse_rows, TABLE_ROWS)]).astype(np.int64)
-            values = rng.normal(size=(8, EMB)).astype(np.float32)
+                                   np.full(total - sparse_rows, TABLE_ROWS)]).astype(np.int64)
+            values = rng.normal(size=(total, EMB)).astype(np.float32)
             values[sparse_rows:] = 0
-            keep = 8 if padded else sparse_rows
+            keep = total if padded else sparse_rows
             out[name] = SelectedRows(rows[:keep], values[:keep], TABLE_ROWS)
         else:
             out[name] = rng.normal(size=var.shape).astype(np.float32)
@@ -305,3 +306,19 @@ def test_a_refused_async_request_leaves_its_table_rows_applied_and_everything_el
     table_state = {n for n in after if n == "emb" or n.startswith("emb_")}
     assert {n for n in after if after[n] != before.get(n)} <= table_state and after["emb"] != before["emb"]
     assert not scope.find_var("emb").is_deleted()
+
+
+def test_merged_requests_compile_once_per_padded_row_count() -> None:
+    """Selected rows vary per request; padded to powers of two they give the merged call a few signatures."""
+    ps, scope, program = _pserver("adam", False, True)
+    names = list(listen_op(program).input("X"))
+    table_grad = next(n for n in names if program.global_block().var(n).type == "selected_rows")
+    ps.send_batch([_msg(names[0], _gradients(program, 40)[names[0]], 0, 0, 1)])  # the learning rate's first step
+    sent = [names[1], table_grad]  # not the learning-rate trigger: the same set every request
+    for seq, rows in enumerate([3, 4, 5, 6, 7, 9], start=1):  # padded: 4, 4, 8, 8, 8, 16
+        grads = _gradients(program, 40 + seq, sparse_rows=rows, padded=False)
+        ps.send_batch([_msg(n, grads[n], 0, seq, seq) for n in sent])
+    merged = tuple(sorted(ps._grad_block[n] for n in sent))
+    assert ps._merged[merged]
+    (plan,) = [p for key, p in _programs("adam", False)[2]._plans[program].items() if key[1] == merged]
+    assert plan.runs == 6 and plan.steps[0].fn._cache_size() == 3
