@@ -9,6 +9,14 @@ intermediates stay inside XLA. Persistable variables that a run both reads and w
 accumulators) are donated, so updates happen in place. Plans are cached on program identity, version,
 the fed names and the fetch list; jax caches compilations on feed shapes and dtypes.
 
+Sub-blocks: ``run_block`` runs one (a pserver's optimize block); ``run_blocks`` plans several independent
+ones (``runtime.block_sets.block_dependency``: none reads or writes what another writes, except that all
+may read what the first writes) as ONE plan over their ops in order, so a pserver request that updates
+nine parameters is one compiled call, not nine. Its result equals running the blocks one by one; a
+dependent set is refused (E689). It may also be told variables to keep (not donated: the caller's values
+stay intact) and to check (their new values' finiteness comes back from the same compiled call). Plans of
+block sets are cached per program version, set, kept and checked names.
+
 Randomness is deterministic: a random op draws from ``fold_in(PRNGKey(seed or program.random_seed),
 op index, run counter)`` (the index counts no ``delete_var`` op, so ``release_memory`` changes no draw) so the same program and seed give the same numbers in every process (and, in a
 data-parallel run, the rank is folded in too, so ranks draw different dropout masks).
@@ -37,6 +45,7 @@ from runtime.kernels.registry import (RNG_SLOT, get_host_kernel, get_kernel, has
                                       shape_only_slots)
 from runtime.place import CPUPlace, CUDAPlace
 from runtime.collective import local_value
+from runtime.block_sets import block_dependency
 from runtime.lod import expand_lod_feeds
 from runtime.rpc.session import RPCSession
 from runtime.x64 import with_x64
@@ -63,6 +72,7 @@ class _PureRun:
     outputs: list[str]
     batch: frozenset[str] = frozenset()  # batch-major names (split over the data-parallel mesh)
     random: bool = False  # some op draws random numbers (keyed on the run counter)
+    checked: list[str] = field(default_factory=list)  # outputs whose finiteness the call also returns
     fn: Any = None  # compiled on first use, when the data-parallel mesh (if any) is known
     dp: Any = None  # the runtime.collective.DataParallel it was compiled for
 
@@ -259,9 +269,33 @@ class Executor:
         Compiled and cached like ``run``; safe to call from several threads for different blocks."""
         if self._closed:
             raise ExecutionError("this Executor is closed", hint="create a new runtime.Executor")
-        plan = self._plan(program, (), (), block_idx)
+        plan = self._plan(program, (), (), (block_idx,))
         self._execute(program, program.block(block_idx), plan, _RunScope(scope, plan.persistable))
         plan.runs += 1
+
+    @with_x64
+    def run_blocks(self, program: Program, block_ids: Sequence[int], scope: Scope, *,
+                   keep: frozenset[str] = frozenset(), check: frozenset[str] = frozenset()) -> list[str]:
+        """Run the sub-blocks ``block_ids`` of ``program`` (e.g. the optimize blocks one pserver request
+        updates) as one plan: their ops concatenated in that order, so a stretch of pure ops, across
+        blocks, is one compiled call. The result equals ``run_block`` of each in turn, because the set
+        must be independent (``runtime.block_sets.block_dependency``; ExecutionError E689 otherwise): no block reads or
+        writes what another block of the set writes, except that every block may read what the FIRST one
+        writes (a learning-rate block, then computed first within the same trace).
+
+        ``keep``: variables whose buffers are not donated (the caller's values stay intact, so a refused
+        update needs no copies). ``check``: variables whose new values are checked for NaN/Inf inside the
+        same compiled call; returns those of them written that hold one (in write order; [] if none).
+        Cached per program version, ``block_ids``, ``keep`` and ``check``; jax caches compilations per
+        input shapes, so callers keep the number of distinct sets (and of selected-rows row counts: pad
+        them) small. A random op draws from its index in its own block and this set's run counter."""
+        if self._closed:
+            raise ExecutionError("this Executor is closed", hint="create a new runtime.Executor")
+        ids = tuple(int(i) for i in block_ids)
+        plan = self._plan(program, (), (), ids, frozenset(keep), frozenset(check))
+        checks = self._execute(program, program.block(ids[0]), plan, _RunScope(scope, plan.persistable))
+        plan.runs += 1
+        return [n for names, flags in checks for n, ok in zip(names, np.asarray(flags)) if not ok]
 
     def close(self) -> None:
         """Release the executor; its RPC session tells every pserver it talked to that this trainer is
@@ -297,25 +331,33 @@ class Executor:
         return arr  # handed to the compiled call as is: one transfer with the call, not one per feed
 
     # --- planning
-    def _plan(self, program: Program, feed: tuple[str, ...], fetch: tuple[str, ...], block_idx: int = 0) -> _Plan:
+    def _plan(self, program: Program, feed: tuple[str, ...], fetch: tuple[str, ...],
+              block_ids: tuple[int, ...] = (0,), keep: frozenset[str] = frozenset(),
+              check: frozenset[str] = frozenset()) -> _Plan:
         per_program = self._plans.setdefault(program, {})
-        key = (program.version, block_idx, feed, fetch)
+        key = (program.version, block_ids, feed, fetch, keep, check)
         plan = per_program.get(key)
         if plan is None:
             for stale in [k for k in per_program if k[0] != program.version]:
                 del per_program[stale]  # an older version's plans are dead
-            plan = self._build_plan(program, program.block(block_idx), fetch)
+            if len(block_ids) > 1:
+                _check_independent(program, block_ids)
+            plan = self._build_plan(program, [program.block(i) for i in block_ids], fetch, keep, check)
             per_program[key] = plan
         return plan
 
-    def _build_plan(self, program: Program, block: Block, fetch: tuple[str, ...]) -> _Plan:
+    def _build_plan(self, program: Program, blocks: list[Block], fetch: tuple[str, ...],
+                    keep: frozenset[str] = frozenset(), check: frozenset[str] = frozenset()) -> _Plan:
+        """The plan of ``blocks``' ops concatenated (one block, or an independent set of sub-blocks); see
+        ``run_blocks`` for ``keep`` and ``check``."""
+        block = blocks[0]
         for name in fetch:
             if block.find_var_recursive(name) is None:
                 raise FetchError(f"fetch variable {name!r} is not a variable of the program",
                                  hint=suggest(name, block.vars))
         groups: list[Any] = []
         folded: dict[int, list[tuple[int, Operator]]] = {}  # id(pure group) → (position, delete_var op)
-        for i, op in enumerate(block.ops):
+        for i, op in ((i, op) for b in blocks for i, op in enumerate(b.ops)):
             if op.type == "delete_var" and groups and isinstance(groups[-1], list):
                 # Folded into the pure run it follows, which does not split (see _fold_deletes).
                 folded.setdefault(id(groups[-1]), []).append((len(groups[-1]), op))
@@ -324,7 +366,7 @@ class Executor:
                 groups.append(_HostStep(i, op))
                 continue
             if not has_kernel(op.type):
-                raise ExecutionError(f"{_op_where(block, i, op)} has no kernel",
+                raise ExecutionError(f"{_op_where(op.block, i, op)} has no kernel",
                                      hint="this op type cannot run on this runtime yet" if find_op_def(op.type)
                                      else suggest(op.type, []) or "the op type is not registered")
             if groups and isinstance(groups[-1], list):
@@ -333,7 +375,7 @@ class Executor:
                 groups.append([(i, op)])
         # Variables needed after each step: read by later steps, fetched, or persistable.
         persistable = {n for n, v in _all_vars(program) if v.persistable}
-        if block.idx != 0:
+        if any(b.idx != 0 for b in blocks):
             # A sub-block run on its own (a pserver's optimize or learning-rate block) keeps what it
             # writes into global variables: they are state shared with the other blocks.
             persistable |= set(program.global_block().vars)
@@ -349,25 +391,26 @@ class Executor:
                 continue
             deletes = folded.get(id(group), [])
             dead = _fold_deletes(group, deletes) - set(fetch)
-            run = self._make_run(program, block, group, needed_later - dead, persistable - dead)
+            run = self._make_run(program, block, group, needed_later - dead, persistable - dead, keep, check)
             # Only names the scope may hold: a value the run made and does not return never reached it.
             made = {n for _, op in group for n in op.output_arg_names} - set(run.reads)
             erase = [n for _, op in deletes for n in op.input("X") if n not in run.outputs and n not in made]
             if erase:
                 last = deletes[-1][1]
                 if erase != last.input("X"):  # a detached delete_var of just what the run does not return
-                    last = Operator(block, "delete_var", {"X": list(dict.fromkeys(erase))}, {}, dict(last.attrs))
+                    last = Operator(last.block, "delete_var", {"X": list(dict.fromkeys(erase))}, {}, dict(last.attrs))
                 steps.append(_HostStep(group[-1][0], last))
             steps.append(run)
             needed_later |= set(run.reads)
         steps.reverse()
-        nranks = [int(op.attr("nranks", 0)) for op in block.ops
+        nranks = [int(op.attr("nranks", 0)) for b in blocks for op in b.ops
                   if op_has_trait(op.type, "collective") and not op_has_trait(op.type, "host")]
         return _Plan(steps, program.random_seed, frozenset(persistable), fetch=list(fetch),
                      collective_nranks=(max(nranks) if nranks else None))
 
     def _make_run(self, program: Program, block: Block, ops: list[tuple[int, Operator]],
-                  needed_later: set[str], persistable: set[str]) -> _PureRun:
+                  needed_later: set[str], persistable: set[str], keep: frozenset[str] = frozenset(),
+                  check: frozenset[str] = frozenset()) -> _PureRun:
         reads: list[str] = []
         written: dict[str, None] = {}
         for _, op in ops:
@@ -378,10 +421,11 @@ class Executor:
                 if n != EMPTY_VAR_NAME:
                     written[n] = None
         outputs = [n for n in written if n in needed_later or n in persistable]
-        donated = [n for n in reads if n in persistable and n in written]
+        donated = [n for n in reads if n in persistable and n in written and n not in keep]
         kept = [n for n in reads if n not in donated]
         batch = frozenset(n for n in reads + outputs if _is_batch(block, n, persistable))
-        return _PureRun(ops, reads, donated, kept, outputs, batch, any(_is_random(op) for _, op in ops))
+        return _PureRun(ops, reads, donated, kept, outputs, batch, any(_is_random(op) for _, op in ops),
+                        checked=[n for n in outputs if n in check])
 
     def _compile(self, run: _PureRun, block: Block, dp: Any) -> Any:
         """One jitted function for ``run``; under ``shard_map`` over ``dp``'s mesh when given."""
@@ -420,11 +464,14 @@ class Executor:
         return mesh
 
     # --- execution
-    def _execute(self, program: Program, block: Block, plan: _Plan, scope: Scope, dp: Any = None) -> None:
+    def _execute(self, program: Program, block: Block, plan: _Plan, scope: Scope,
+                 dp: Any = None) -> list[tuple[list[str], Any]]:
+        """Run ``plan``; returns (checked names, their finiteness flags) of each pure run that checks any."""
+        checks: list[tuple[list[str], Any]] = []
         mesh: Any = False  # resolved at the first pure run (after gen_nccl_id may have formed the group)
         for step in plan.steps:
             if isinstance(step, _HostStep):
-                get_host_kernel(step.op.type)(HostContext(self, scope, program, block), step.op)
+                get_host_kernel(step.op.type)(HostContext(self, scope, program, step.op.block), step.op)
                 continue
             if mesh is False:
                 mesh = self._data_parallel(plan, dp)
@@ -436,8 +483,11 @@ class Executor:
                 outs = step.fn(donated, kept, np.uint32(plan.runs))
             else:
                 outs = self._run_parallel(scope, block, step, mesh, plan)
+            if step.checked:
+                checks.append((step.checked, outs[-1]))
             for name, value in zip(step.outputs, outs):
                 scope.set_var(name, value)
+        return checks
 
     def _run_parallel(self, scope: Scope, block: Block, step: _PureRun, mesh: Any, plan: _Plan) -> Any:
         def arg(name: str, donate: bool) -> Any:
@@ -457,7 +507,7 @@ class Executor:
         value = scope.find_var(name)
         if value is None:
             var = block.find_var_recursive(name)
-            reader = next((f"{_op_where(block, i, op)}" for i, op in run.ops if name in op.input_arg_names), "?")
+            reader = next((f"{_op_where(op.block, i, op)}" for i, op in run.ops if name in op.input_arg_names), "?")
             if var is not None and var.is_data:
                 raise FeedError(f"feed variable {name!r} is missing (read by {reader})",
                                 hint=f"pass feed={{'{name}': ...}} to Executor.run")
@@ -480,7 +530,8 @@ class Executor:
 
 
 def _trace_run(run: _PureRun, block: Block, axis: str | None, arena: Any = None) -> Any:
-    deletes_before = _deletes_before(block)
+    # A run of several blocks' ops (Executor.run_blocks) keys each op's draws on its index in its block.
+    deletes_before = {b.idx: _deletes_before(b) for b in {id(op.block): op.block for _, op in run.ops}.values()}
     ops = [(i, op, get_kernel(op.type), dict(op.attrs), _is_random(op)) for i, op in run.ops]
     program_seed = block.program.random_seed
 
@@ -496,35 +547,55 @@ def _trace_run(run: _PureRun, block: Block, axis: str | None, arena: Any = None)
             key = jax.random.fold_in(key, jax.lax.axis_index(axis))
         for i, op, kern, attrs, random in ops:
             shape_only = shape_only_slots(op.type)
-            ins = {slot: [env[n] if slot not in shape_only else _declared(block, n) for n in names
+            ins = {slot: [env[n] if slot not in shape_only else _declared(op.block, n) for n in names
                           if n != EMPTY_VAR_NAME]
                    for slot, names in op.inputs.items()}
             if random:
                 # Fluid's dropout honours its seed only with fix_seed; other random ops always do.
                 op_seed = attrs.get("seed", 0) if attrs.get("fix_seed", True) else 0
                 ins[RNG_SLOT] = [jax.random.PRNGKey(op_seed) if op_seed
-                                 else jax.random.fold_in(key, i - deletes_before[i])]
+                                 else jax.random.fold_in(key, i - deletes_before[op.block.idx][i])]
             try:
                 outs = kern(ins, attrs)
             except ExecutionError:
                 raise
             except Exception as e:  # noqa: BLE001 - re-raised with the op's location
-                raise ExecutionError(f"{_op_where(block, i, op)} failed: {type(e).__name__}: {e}") from e
+                raise ExecutionError(f"{_op_where(op.block, i, op)} failed: {type(e).__name__}: {e}") from e
             for slot, names in op.outputs.items():
                 values = outs.get(slot)
                 if values is None:
                     if any(n != EMPTY_VAR_NAME for n in names):
-                        raise ExecutionError(f"{_op_where(block, i, op)}: its kernel produced no {slot!r} output")
+                        raise ExecutionError(f"{_op_where(op.block, i, op)}: its kernel produced no {slot!r} output")
                     continue
                 if len(values) != len(names):
-                    raise ExecutionError(f"{_op_where(block, i, op)}: its kernel produced {len(values)} {slot!r} "
+                    raise ExecutionError(f"{_op_where(op.block, i, op)}: its kernel produced {len(values)} {slot!r} "
                                          f"values for {len(names)} variables")
                 for n, v in zip(names, values):
                     if n != EMPTY_VAR_NAME:
                         env[n] = v
-        return tuple(env[n] for n in run.outputs)
+        outs = tuple(env[n] for n in run.outputs)
+        if run.checked:  # one flag a checked output, computed in this same compiled call
+            outs += (jax.numpy.stack([_finite(env[n]) for n in run.checked]),)
+        return outs
 
     return fn
+
+
+def _check_independent(program: Program, block_ids: tuple[int, ...]) -> None:
+    why = block_dependency(program, block_ids)
+    if why is not None:
+        raise ExecutionError(f"Executor.run_blocks of blocks {list(block_ids)}: {why}; they depend on each other "
+                             "and cannot run as one plan", code="E689",
+                             hint="run them one by one with run_block, or pass only independent blocks (only the "
+                                  "first block's results, e.g. a learning rate, may be read by the others)")
+
+
+def _finite(value: Any) -> Any:
+    """Whether every value of ``value`` (an array or selected rows; traced) is finite; True if not floating."""
+    arr = value.values if isinstance(value, SelectedRows) else value
+    if not jax.numpy.issubdtype(arr.dtype, jax.numpy.floating):
+        return jax.numpy.bool_(True)
+    return jax.numpy.isfinite(arr).all()
 
 
 def _deletes_before(block: Block) -> list[int]:

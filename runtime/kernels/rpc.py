@@ -416,13 +416,16 @@ def listen_and_serv(ctx: Any, op: Operator) -> None:
     def run_block(idx: int, scope: Any) -> None:
         ctx.executor.run_block(ctx.program, idx, scope)
 
+    def run_blocks(ids: tuple[int, ...], scope: Any, **kw: Any) -> list[str]:
+        return ctx.executor.run_blocks(ctx.program, ids, scope, **kw)
+
     def save(path: str) -> None:
         io.save_checkpoint_part(ctx.executor, path, ctx.program, vars=io.pserver_checkpoint_vars(ctx.program),
                                 scope=ctx.scope)
 
     # Every setting is read here, once, at the edge.
     security = rpc_security()
-    pserver = PServer(ctx.program, ctx.scope, op, run_block, save_persistables=save,
+    pserver = PServer(ctx.program, ctx.scope, op, run_block, run_blocks=run_blocks, save_persistables=save,
                       barrier_timeout=flag("FLAGS_pserver_timeout_ms") / 1000.0,
                       checkpoint_root=checkpoint_root(), allow_rejoin=bool_flag("FLAGS_pserver_allow_rejoin"),
                       check_finite=bool_flag("FLAGS_pserver_check_finite"),

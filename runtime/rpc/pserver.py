@@ -9,7 +9,8 @@ Protocol (sync mode, one step ``s``; every trainer is identified by its id):
 1. each live trainer sends its gradients of ``s`` (stored, not applied), then a SEND barrier for ``s``;
    the SEND barrier of ``s`` waits until every live trainer's FETCH barrier of ``s - 1`` is in;
 2. when every live trainer's SEND barrier of ``s`` is in, the optimize blocks run once, in
-   ``optimize_blocks`` order (the learning-rate block first), and every SEND barrier call returns;
+   ``optimize_blocks`` order (the learning-rate block first) as ONE compiled call (see One call), and
+   every SEND barrier call returns;
 3. trainers fetch parameters (``get``, answered at once: nothing changes them until step ``s + 1``'s
    barrier), then send a FETCH barrier; when every live trainer's is in, the step becomes ``s + 1``.
 A FETCH barrier for a step whose SEND barrier the trainer did not send (the trainer startup program's)
@@ -38,16 +39,25 @@ averages over the trainers that sent that gradient in that step: copies not sent
 ``trainers / senders`` before the optimize blocks run. So after a trainer completes (uneven data) a step
 is the mean over the batches actually present, exactly as single-process training on those batches.
 
+One call: the optimize blocks a sync step or an async request needs run as one compiled call
+(``run_blocks``, normally ``Executor.run_blocks``) when they are independent
+(``runtime.block_sets.block_dependency``: only the learning-rate block's results, computed first, are
+read by the others), else block by block; a pserver merges at most ``_MAX_MERGED_SETS`` distinct sets
+(each is a plan and a compile). Without ``run_blocks`` every block runs on its own.
+
 Non-finite gradients: with ``check_finite`` (the default) a floating gradient holding NaN or Inf is
 refused (INVALID_ARGUMENT naming the variable, the trainer and the step), nothing is stored or applied,
 and ``health()["rejected_nonfinite"]`` counts it. Finite gradients can still overflow once summed or
 applied (two 3e38 sum to Inf), so the updated values are checked too, before they replace the old ones:
-the blocks run on copies of what they overwrite (the executor donates those buffers) and their results
-are committed only if every floating one is finite (one fused check). A sync step that fails it fails the
-pserver (every trainer is told the step and the variable; the parameters stay as before the step); an
-async send that fails it is refused (INVALID_ARGUMENT) and the pserver goes on. Tables updated by selected
-rows (and their accumulators) are left out: copying and scanning a whole table per update of a few rows
-would cost more than the update.
+the blocks' call donates no buffer of a checked variable (without ``run_blocks``: they run on copies of
+what they overwrite) and checks the new values in that same call (one fused check); the results are
+committed only if every floating one is finite (one commit). A sync step that fails it fails the pserver
+(every trainer is told the step and the variable; the parameters stay as before the step); an async
+REQUEST that fails it is refused as a whole (INVALID_ARGUMENT naming the variable; none of its gradients
+is applied, the learning-rate step it triggered included) and the pserver goes on. Tables updated by
+selected rows (and their accumulators) are left out: copying and scanning a whole table per update of a
+few rows would cost more than the update; they are updated in place, so a refused update still leaves
+its rows of a table applied.
 
 Checkpoints: ``checkpoint(name)`` saves under ``name/pserver_<id>``. An absolute ``name`` is taken as it
 is, as Fluid did: a request that reached the pserver is authenticated (job token or mutual TLS) and so
@@ -56,8 +66,12 @@ explicit opt-out). A relative ``name`` resolves under ``checkpoint_root`` (the p
 configuration, ``FLOTILLA_CHECKPOINT_ROOT``) and must stay under it (no ``..``, no symlink leading out);
 without a root a relative name is refused.
 
-Async mode: each gradient runs its optimize block on arrival, under that block's lock;
-a ``get`` reads under the lock of the block that writes the variable; there are no barriers.
+Async mode: the gradients of a request (of one trainer) run their optimize blocks on arrival, as one
+call, under the locks of every block involved, taken in block order (as ``checkpoint`` takes them all: no
+deadlock); the learning-rate block runs first in that call when the request holds the trigger gradient
+(the first gradient's), under its lock too; with DC-ASGD the request's scope holds the sender's
+``TRAINER_ID_VAR`` for every block. A ``get`` reads under the lock of the block that writes the
+variable; there are no barriers.
 
 Geo-SGD (``distributed_mode`` 3, async): the received entries are parameter deltas the blocks add
 (``sum``). For a distributed table the pserver also records, per trainer, which shard rows any delta
@@ -103,6 +117,7 @@ from ir.core import Operator, Program, Variable
 from ir.errors import FlotillaError
 from ir.names import TRAINER_ID_VAR, dc_asgd_backup_name, geo_updates_name
 from ir.ops.registry import suggest
+from runtime.block_sets import block_dependency
 from runtime.rows import gather_rows, padded_size
 from runtime.rpc.wire import Decoded, encode_variable
 from runtime.scope import Scope, SelectedRows
@@ -217,15 +232,22 @@ class _SyncState:
 
 
 class PServer:
-    """Serve one pserver program (see the module docstring). ``run_block(block_idx)`` runs a block of
-    ``program`` against ``scope`` (normally ``Executor.run_block``)."""
+    """Serve one pserver program (see the module docstring). ``run_block(block_idx, scope)`` runs a block
+    of ``program`` against ``scope`` (normally ``Executor.run_block``); ``run_blocks(block_ids, scope)``,
+    when given, runs an independent set of blocks as one compiled call (``Executor.run_blocks``), and a
+    request's or a sync step's optimize blocks then run that way."""
 
     def __init__(self, program: Program, scope: Scope, op: Operator, run_block: Callable[[int, Scope], None], *,
+                 run_blocks: Callable[..., list[str]] | None = None,
                  barrier_timeout: float = 120.0, save_persistables: Callable[[str], None] | None = None,
                  checkpoint_root: str | None = None, allow_rejoin: bool = True, check_finite: bool = True,
                  authenticated: bool = False, log: Callable[[str], None] | None = None) -> None:
         self.program, self.scope, self.config = program, scope, ServeConfig.from_op(op)
         self._run_block = run_block
+        self._run_blocks = run_blocks
+        self._merged: dict[tuple[int, ...], bool] = {}  # block set -> whether it runs as one call
+        self._checked_cache: dict[tuple[int, ...], tuple[frozenset[str], frozenset[str]]] = {}
+        self._merged_lock = threading.Lock()
         self._save = save_persistables
         self.barrier_timeout = barrier_timeout
         self.checkpoint_root = checkpoint_root
@@ -269,11 +291,17 @@ class PServer:
         # What each optimize block overwrites (reads, then writes): the executor donates those buffers, so a
         # checked update runs on copies of them and commits only once its results are finite.
         self._overwritten = {idx: _overwritten(program, idx) for idx in range(program.num_blocks)}
+        self._writes = {idx: frozenset(n for o in program.block(idx).ops for n in o.output_arg_names)
+                        for idx in range(program.num_blocks)}
         # Selected rows update a few rows of a table in place: a copy and a check of the whole table (and its
         # accumulators) per update would cost more than the update, so those variables are left out.
         self._unchecked = frozenset(self._received) | frozenset(self.config.grad_to_block) | frozenset(
             n for g in self.config.sparse_grad_to_param if g in self.config.grad_to_block
             for n in self._overwritten[self.config.grad_to_block[g]])
+        # What the learning-rate block writes is the pserver's own state even before the scope holds it (its
+        # temporaries of block 0): an async request's update that runs the lr block writes it back.
+        self._lr_outputs = frozenset(n for o in program.block(self.config.lr_block).ops
+                                     for n in o.output_arg_names) if self.config.lr_block >= 0 else frozenset()
         self._cv = threading.Condition()
         self._live = set(range(self.config.trainers))
         self._trainers: dict[int, _Incarnation] = {}
@@ -416,7 +444,9 @@ class PServer:
     def send_batch(self, msgs: list[Decoded]) -> None:
         """Store (sync) or apply (async) the gradients of one request, all or none: every message is
         validated, and every sequence number checked, before any is stored (sync mode stores them under
-        one lock, so a step's barrier never sees half a batch). Async mode applies each in turn."""
+        one lock, so a step's barrier never sees half a batch). Async mode applies a request's gradients of
+        one trainer together: their optimize blocks run as one compiled call, checked and committed as a
+        whole (``_apply_async``)."""
         if len({m.name for m in msgs}) != len(msgs):
             names = [m.name for m in msgs]
             twice = sorted({n for n in names if names.count(n) > 1})
@@ -432,8 +462,11 @@ class PServer:
                 return
             for p in accepted:
                 self._trainers[p.trainer_id].seen_seq[p.name] = p.seq
+        by_trainer: dict[int, list[_Send]] = {}
         for p in accepted:
-            self._apply_async(p.trainer_id, p.name, p.value, p.step)
+            by_trainer.setdefault(p.trainer_id, []).append(p)
+        for sends in by_trainer.values():
+            self._apply_async(sends)
 
     def _prepare_send(self, msg: Decoded) -> "_Send":
         """Validate one received gradient (no state is read or changed): the value to store."""
@@ -743,7 +776,7 @@ class PServer:
             return
         self._average_over_senders(self._fresh.pop(st.step, set()))
         try:
-            update = self._update(self.config.optimize_blocks)
+            update = self._update(self.config.optimize_blocks)  # one call: the lr block first, then the rest
         except Exception as e:  # noqa: BLE001 - the pserver fails; every waiter learns why
             self.fail(PServerError(Status.INTERNAL, f"pserver {self.config.endpoint}: optimize blocks of step "
                                    f"{st.step} failed: {type(e).__name__}: {e}"))
@@ -751,6 +784,7 @@ class PServer:
         if update is not None:
             bad = update.nonfinite()
             if bad is not None:
+                update.commit(unchecked_only=True)  # tables are updated in place, outside the check
                 self.rejected_nonfinite += 1
                 self.fail(PServerError(
                     Status.ABORTED, f"pserver {self.config.endpoint}: step {st.step} refused: its update of "
@@ -788,52 +822,113 @@ class PServer:
         first gradient's."""
         return next(iter(self.config.grad_to_block.values()), -1)
 
-    def _update(self, blocks: Any, inputs: Scope | None = None) -> "_Update | None":
-        """Run ``blocks`` on the pserver's scope, or on ``inputs`` (a child of it holding a request's own
-        values; then only the pserver's own variables are written back). With ``check_finite`` the results
-        are held back in the returned ``_Update`` (commit them once checked); without, they are written
-        at once and None is returned."""
-        if not self.check_finite:
-            scope = self.scope if inputs is None else _WriteThrough(inputs, self.scope)
+    def _run_set(self, blocks: tuple[int, ...], scope: Scope, checked: bool) -> list[str] | None:
+        """Run the optimize blocks ``blocks`` in order on ``scope``. With ``run_blocks``: as one compiled call
+        when the set is independent (``runtime.block_sets.block_dependency``), else a call a block; at most
+        ``_MAX_MERGED_SETS`` distinct sets are merged (each is its own plan and compile), later new sets run
+        block by block. A ``checked`` run donates no buffer of a checked variable and checks the new values
+        in the same call: returns the written checked variables holding NaN/Inf. Without ``run_blocks``
+        (``run_block`` alone) returns None: the ``_Update`` checks its copies itself."""
+        if self._run_blocks is None:
             for idx in blocks:
                 self._run_block(idx, scope)
             return None
-        overwritten = set().union(*(self._overwritten[idx] for idx in blocks))
-        update = _Update(self.scope if inputs is None else inputs, self.scope, overwritten, self._unchecked,
-                         write_back_all=inputs is None)
-        for idx in blocks:
-            self._run_block(idx, update)
+        groups = [blocks] if len(blocks) == 1 or self._mergeable(blocks) else [(idx,) for idx in blocks]
+        bad: list[str] = []
+        for group in groups:
+            if checked:
+                keep, check = self._checked_args(group)
+                bad += self._run_blocks(group, scope, keep=keep, check=check)
+            else:
+                self._run_blocks(group, scope)
+        return bad
+
+    def _mergeable(self, blocks: tuple[int, ...]) -> bool:
+        merged = self._merged.get(blocks)
+        if merged is None:
+            with self._merged_lock:
+                merged = self._merged.get(blocks)
+                if merged is None:
+                    many = sum(self._merged.values()) >= _MAX_MERGED_SETS
+                    merged = not many and block_dependency(self.program, blocks) is None
+                    self._merged[blocks] = merged
+        return merged
+
+    def _checked_args(self, blocks: tuple[int, ...]) -> tuple[frozenset[str], frozenset[str]]:
+        """For a checked run of ``blocks``: what it must not donate (the checked variables it overwrites) and
+        what it checks (the checked variables it writes); cached per set (they key the executor's plans)."""
+        args = self._checked_cache.get(blocks)
+        if args is None:
+            keep = frozenset().union(*(self._overwritten[idx] for idx in blocks)) - self._unchecked
+            check = frozenset().union(*(self._writes[idx] for idx in blocks)) - self._unchecked
+            args = self._checked_cache[blocks] = (keep, check)
+        return args
+
+    def _update(self, blocks: tuple[int, ...], inputs: Scope | None = None) -> "_Update | None":
+        """Run ``blocks`` (one call, see ``_run_set``) on the pserver's scope, or on ``inputs`` (a child of it
+        holding a request's own values; then only the pserver's own variables are written back: those it
+        holds and the learning-rate block's). With ``check_finite`` the results are held back in the returned
+        ``_Update`` (commit them once checked: one fused check, one commit); without, they are written at
+        once and None is returned."""
+        own = None if inputs is None else self._lr_outputs
+        if not self.check_finite:
+            self._run_set(blocks, self.scope if inputs is None else _WriteThrough(inputs, self.scope, own), False)
+            return None
+        # With run_blocks the executor keeps the originals (no donation) and checks in the same call; without,
+        # the update reads copies of what the blocks overwrite and checks the results itself.
+        overwritten = set() if self._run_blocks is not None else \
+            set().union(*(self._overwritten[idx] for idx in blocks))
+        update = _Update(self.scope if inputs is None else inputs, self.scope, overwritten, self._unchecked, own)
+        update.bad = self._run_set(blocks, update, True)
         return update
 
-    def _apply_async(self, t: int, name: str, value: Any, step: int) -> None:
-        idx = self._grad_block[name]
-        with self._block_locks[idx]:
-            if self.config.lr_block >= 0 and idx == self._lr_trigger:
-                with self._block_locks[self.config.lr_block]:
-                    self._run_block(self.config.lr_block, self.scope)
+    def _apply_async(self, sends: list[_Send]) -> None:
+        """Apply one trainer's accepted gradients of one request: their optimize blocks (and the learning-rate
+        block first when the trigger gradient is among them) run as one call under the locks of every block
+        involved, taken in block order; the merged update is checked and committed as a whole."""
+        blocks: dict[int, None] = {}
+        for p in sends:
+            blocks.setdefault(self._grad_block[p.name], None)
+        if len(blocks) < len(sends):  # two gradients of one block (a request never has them): one at a time
+            for p in sends:
+                self._apply_async([p])
+            return
+        ordered = tuple(sorted(blocks))  # canonical: one plan per set, whatever the request's order
+        lr = self.config.lr_block
+        if lr >= 0 and self._lr_trigger in blocks:
+            ordered = (lr,) + tuple(b for b in ordered if b != lr)
+        t = sends[0].trainer_id
+        names = [p.name for p in sends]
+        what = (f"send of {names[0]!r}" if len(sends) == 1 else f"send batch of {names}") + f" from trainer {t} for " \
+            f"step {', '.join(str(s) for s in sorted({p.step for p in sends}))}"
+        with _all(self._block_locks[idx] for idx in sorted(ordered)):
             scope = self.scope.new_scope()
-            scope.set_var(name, value)
+            for p in sends:
+                scope.set_var(p.name, p.value)
             if self.config.dc_asgd:
                 scope.set_var(TRAINER_ID_VAR, np.array([t], np.int64))
             try:
-                update = self._update((idx,), scope)
+                update = self._update(ordered, scope)
             except Exception as e:  # noqa: BLE001 - reported to the sender
-                raise PServerError(Status.INTERNAL, f"applying {name!r} failed: {type(e).__name__}: {e}") from e
+                raise PServerError(Status.INTERNAL, f"applying the {what} failed: {type(e).__name__}: {e}") from e
             bad = update.nonfinite() if update is not None else None
             if bad is not None:
+                update.commit(unchecked_only=True)  # tables are updated in place, outside the check
                 with self._cv:
                     self.rejected_nonfinite += 1
+                finite = "the gradient is finite; refused" if len(sends) == 1 else \
+                    "every gradient is finite; the request is refused as a whole"
                 raise PServerError(Status.INVALID_ARGUMENT,
-                                   f"send of {name!r} from trainer {t} for step {step}: applying it makes "
-                                   f"{bad[0]!r} hold {bad[1]} NaN or Inf value(s) although the gradient is finite; "
-                                   "refused, the parameters are unchanged", hint=_NONFINITE_HINT)
+                                   f"{what}: applying it makes {bad[0]!r} hold {bad[1]} NaN or Inf value(s) although "
+                                   f"{finite}, the parameters are unchanged", hint=_NONFINITE_HINT)
             if update is not None:
                 update.commit()
-            if self._geo_changed and name in self._table_grads:
-                changed = self._geo_changed[self.config.sparse_grad_to_param[name]]
-                rows = np.asarray(value.rows)
-                changed[:, rows[rows < changed.shape[1]]] = True  # padding rows (== height) are not rows
-        self.steps_run += 1
+            for p in sends:
+                if self._geo_changed and p.name in self._table_grads:
+                    changed = self._geo_changed[self.config.sparse_grad_to_param[p.name]]
+                    rows = np.asarray(p.value.rows)
+                    changed[:, rows[rows < changed.shape[1]]] = True  # padding rows (== height) are not rows
+        self.steps_run += len(sends)
 
     def _zeros_of(self, name: str, var: Variable) -> Any:
         """A zero value of received variable ``name`` (a completed trainer's gradient copy)."""
@@ -947,6 +1042,11 @@ def _scaled(value: Any, factor: float) -> Any:
     return arr * arr.dtype.type(factor)
 
 
+#: How many distinct optimize-block sets a pserver runs merged (each is one plan, compiled per row count
+#: of its selected rows); requests carrying other sets run block by block. Clients batch a step's sends
+#: the same way every step, so a job uses a handful.
+_MAX_MERGED_SETS = 16
+
 _NONFINITE_HINT = ("lower the learning rate, clip gradients, or check the input data "
                    "(FLAGS_pserver_check_finite=0 turns this check off)")
 
@@ -982,12 +1082,13 @@ class _Update(Scope):
     alone; the parameters they update are checked) and what selected rows update in place (tables)."""
 
     def __init__(self, inputs: Scope, shared: Scope, overwritten: set[str], unchecked: frozenset[str],
-                 write_back_all: bool) -> None:
+                 own: frozenset[str] | None) -> None:
         super().__init__(inputs)
         self._shared = shared
-        self._write_back_all = write_back_all
+        self._own = own
         self._unchecked = unchecked
         self.written: dict[str, None] = {}
+        self.bad: list[str] | None = None  # the checked variables the executor found NaN/Inf in (None: not checked)
         for name in sorted(overwritten - unchecked):
             value = shared.find_var(name)
             if value is not None:
@@ -1000,7 +1101,9 @@ class _Update(Scope):
     def nonfinite(self) -> tuple[str, int] | None:
         """The first written floating variable (a parameter, an accumulator, a learning rate; not an
         ``unchecked`` one) holding NaN or Inf and how many it holds, or None (one fused check over every
-        such value)."""
+        such value, made by the executor in the blocks' own call when it set ``bad``)."""
+        if self.bad is not None:
+            return (self.bad[0], _nonfinite_count(self.find_var(self.bad[0]))) if self.bad else None
         names, values = [], []
         for name in self.written:
             if name in self._unchecked:
@@ -1018,23 +1121,29 @@ class _Update(Scope):
         first = int(np.flatnonzero(~flags)[0])
         return names[first], _nonfinite_count(values[first])
 
-    def commit(self) -> None:
-        """Write the results to the pserver's scope: every one, or (a request's update) those of the
-        pserver's own variables, as ``_WriteThrough`` would have."""
+    def commit(self, unchecked_only: bool = False) -> None:
+        """Write the results to the pserver's scope: every one (``own`` None), or (a request's update) those
+        of the pserver's own variables (held by it, or in ``own``), as ``_WriteThrough`` would have. With
+        ``unchecked_only`` (a refused update) just the unchecked ones: tables updated in place, whose old
+        buffers the executor donated."""
         for name in self.written:
-            if self._write_back_all or self._shared.find_var(name) is not None:
+            if unchecked_only and name not in self._unchecked:
+                continue
+            if self._own is None or name in self._own or self._shared.find_var(name) is not None:
                 self._shared.set_var(name, self.find_var(name))
 
 
 class _WriteThrough(Scope):
-    """A request's scope: reads fall through; writes of the pserver's own variables go to it."""
+    """A request's scope: reads fall through; writes of the pserver's own variables (held by it, or in
+    ``own``) go to it."""
 
-    def __init__(self, local: Scope, shared: Scope) -> None:
+    def __init__(self, local: Scope, shared: Scope, own: frozenset[str] | None = None) -> None:
         super().__init__(local)
         self._shared = shared
+        self._own = own or frozenset()
 
     def set_var(self, name: str, value: Any) -> None:
-        if self._shared.find_var(name) is not None:
+        if name in self._own or self._shared.find_var(name) is not None:
             self._shared.set_var(name, value)
         else:
             super().set_var(name, value)

@@ -230,6 +230,9 @@ def build_pserver(sync: bool, *, barrier_timeout: float = 30.0, serve: bool = Fa
     def run_block(idx: int, block_scope: Scope) -> None:
         exe.run_block(program, idx, block_scope)
 
+    def run_blocks(ids: tuple[int, ...], block_scope: Scope, **kw: Any) -> list[str]:
+        return exe.run_blocks(program, ids, block_scope, **kw)
+
     def save(path: str) -> None:
         from runtime import io
 
@@ -237,6 +240,7 @@ def build_pserver(sync: bool, *, barrier_timeout: float = 30.0, serve: bool = Fa
 
     # Driven directly, only the test talks to it; served, it trusts a restarted trainer as its server does.
     pserver_kw.setdefault("authenticated", not serve or (security is not None and security.authenticates_clients))
+    pserver_kw.setdefault("run_blocks", run_blocks)
     pserver = PServer(program, scope, listen_op(program), run_block, barrier_timeout=barrier_timeout,
                       save_persistables=save, checkpoint_root=checkpoint_root, **pserver_kw)
     if announce:

@@ -149,7 +149,8 @@ def geo_table_pserver(trainers: int = 2) -> tuple[Any, Any, Any]:
     prog, pstartup = small_table_geo(trainers).get_pserver_programs(SMALL_EP)
     exe, scope = runtime.Executor(), Scope()
     exe.run(pstartup, scope=scope)
-    ps = PServer(prog, scope, listen_op(prog), lambda idx, s: exe.run_block(prog, idx, s))
+    ps = PServer(prog, scope, listen_op(prog), lambda idx, s: exe.run_block(prog, idx, s),
+                 run_blocks=lambda ids, s, **kw: exe.run_blocks(prog, ids, s, **kw))
     for trainer in range(trainers):
         ps.announce(trainer, inc(trainer))
     return ps, scope, prog
