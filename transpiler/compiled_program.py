@@ -24,6 +24,7 @@ from ir.ops import op_has_trait
 from ir.program_set import ProgramRole, ProgramSet
 
 from passes.collective_plan import CollectivePlan
+from passes.dgc import DGC
 from passes.grad_allreduce import GradAllReduce
 from passes.pass_base import PassContext, PassManager
 from passes.dist_plan import DistPlan
@@ -66,7 +67,7 @@ def data_parallel_program(program: Program, nranks: int, fuse_grad_size_mb: floa
     programs.add(ProgramRole.trainer(0), program.clone(), Program())
     ctx = PassContext(origin_main=program, origin_startup=Program(),
                       plan=DistPlan(trainer_id=0, trainers=nranks, sync_mode=True, pservers=()), collective=plan)
-    PassManager([GradAllReduce()]).run(programs, ctx)
+    PassManager([DGC(), GradAllReduce()]).run(programs, ctx)
     return programs[ProgramRole.trainer(0)].main
 
 

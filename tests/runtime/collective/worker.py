@@ -42,7 +42,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "dgc": ("dgc", {}),
     "dgc_dense": ("dgc_dense", {}),
 }
-# DGCMomentumOptimizer's settings in the "dgc" configuration (its op's attributes), and "dgc_dense"
+# DGCMomentumOptimizer's settings in the "dgc" configuration (every parameter compressed, however small), and "dgc_dense"
 # (compression never starts within the run: dense allreduce + momentum).
 DGC_ATTRS: dict[str, Any] = {"mu": 0.9, "use_nesterov": False, "rampup_begin_step": 2, "rampup_step": 2,
                              "sparsity": [0.75, 0.9], "local_grad_clip_norm": 1.0, "num_trainers": 0}
@@ -52,7 +52,7 @@ def _dgc(lr: float, dense: bool = False) -> optimizer.DGCMomentumOptimizer:
     a = DGC_ATTRS
     return optimizer.DGCMomentumOptimizer(lr, a["mu"], rampup_begin_step=1000 if dense else a["rampup_begin_step"],
                                           rampup_step=a["rampup_step"], sparsity=a["sparsity"],
-                                          local_grad_clip_norm=a["local_grad_clip_norm"])
+                                          local_grad_clip_norm=a["local_grad_clip_norm"], min_compress_numel=1)
 
 
 def build(opt: str, seed: int, lr_factor: float = 1.0, mu: float = 0.9) -> tuple[Program, Program, Any]:
