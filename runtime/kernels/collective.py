@@ -15,8 +15,8 @@ which is what a group of one computes.
   calls in trace order.
 - ``c_local_sgd`` averages only on every ``k_steps``-th step, under ``lax.cond``, so the other steps
   pay no communication.
-- ``c_allgather`` is XLA's ``all_gather`` (the arena sums only); DGC's kernels (``runtime.kernels.dgc``)
-  use ``allgather`` and ``allreduce_dense`` from here.
+- ``c_allgather`` is XLA's ``all_gather``; DGC's kernels (``runtime.kernels.dgc``) use ``allgather``
+  (which can also gather through the arena, as a sum of per-rank slots) and ``allreduce_dense`` from here.
 """
 from __future__ import annotations
 
@@ -151,10 +151,18 @@ def c_local_sgd(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
     return {"ParamOut": lax.cond(due, average, lambda ps: list(ps), params), "StepOut": [step]}
 
 
-def allgather(x: Any, axis: str) -> Any:
+def allgather(x: Any, axis: str, shared: bool = False) -> Any:
     """Every rank's ``x`` concatenated along the first dimension, in rank order: XLA's ``all_gather``
-    (gloo on CPU, NCCL on GPU). The shared-memory arena sums only, so a gather never goes through it."""
-    return lax.all_gather(x, axis, tiled=True)
+    (gloo on CPU, NCCL on GPU); with ``shared`` (outside control flow) and the run's shared-memory arena,
+    a sum through the arena of each rank's ``x`` in its own slot of a zero buffer (exact: the other slots
+    add zeros; ``nranks`` times the bytes, so for the small payloads of DGC, where the arena's latency
+    beats gloo's)."""
+    via = _SHARED.get() if shared else None
+    if via is None:
+        return lax.all_gather(x, axis, tiled=True)
+    n = lax.axis_size(axis)
+    slots = jnp.zeros((n, *x.shape), x.dtype).at[lax.axis_index(axis)].set(x)
+    return via(slots, axis).reshape((n * x.shape[0], *x.shape[1:]))
 
 
 @kernel("c_allgather")

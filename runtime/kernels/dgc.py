@@ -17,6 +17,9 @@ Invariants:
   fused ``psum`` of every gradient (XLA's, inside the branch: the shared-memory arena's token chain cannot
   leave a ``lax.switch``), after it one ``all_gather`` of every gradient's (index, value) pairs, the
   indices bitcast into the values' dtype when their widths match (float32: int32, float64: int64).
+  When the schedule has a single branch (``rampup_begin_step`` 0 and one k per gradient) there is no
+  ``lax.switch``, and with the group's shared-memory arena the pairs go through it (two sums of per-rank
+  slots: indices as int32, values; no bitcast, so no float rounding can touch an index).
 """
 from __future__ import annotations
 
@@ -120,14 +123,19 @@ def dgc(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
     def unchanged() -> Any:
         return u, v, jnp.zeros((k_max,), jnp.int32), jnp.zeros((k_max,), v.dtype)
 
-    branch = stage_branch(_step(ins), int(attrs.get("rampup_begin_step", 0)), int(attrs.get("rampup_step", 1)),
-                          table)
+    begin = int(attrs.get("rampup_begin_step", 0))
+    if begin == 0 and len(uniq) == 1:  # one branch: no lax.switch
+        u2, v2, idx, vals = _compress(u, v, g, uniq[0], k_max, attrs)()
+        return {"UOut": [u2], "VOut": [v2], "EncodeIndex": [idx], "EncodeValue": [vals]}
+    branch = stage_branch(_step(ins), begin, int(attrs.get("rampup_step", 1)), table)
     u2, v2, idx, vals = lax.switch(branch, [unchanged] + [_compress(u, v, g, k, k_max, attrs) for k in uniq])
     return {"UOut": [u2], "VOut": [v2], "EncodeIndex": [idx], "EncodeValue": [vals]}
 
 
-def _gather_pairs(idx: list[Any], vals: list[Any], axis: str | None) -> tuple[list[Any], list[Any]]:
-    """Every rank's pairs, per gradient ``[nranks * k]``: one collective for all gradients."""
+def _gather_pairs(idx: list[Any], vals: list[Any], axis: str | None,
+                  shared: bool) -> tuple[list[Any], list[Any]]:
+    """Every rank's pairs, per gradient ``[nranks * k]``: one XLA collective for all gradients, or two
+    sums through the shared-memory arena (``shared``: outside control flow, and the run has one)."""
     if axis is None:
         return idx, vals
     sizes = [i.shape[0] for i in idx]
@@ -135,7 +143,10 @@ def _gather_pairs(idx: list[Any], vals: list[Any], axis: str | None) -> tuple[li
     width = jnp.dtype(dtype).itemsize
     cat_v = jnp.concatenate([x.astype(dtype) for x in vals])
     cat_i = jnp.concatenate(idx)
-    if width in (4, 8) and jnp.issubdtype(dtype, jnp.floating):
+    if shared:
+        g_i = allgather(cat_i[None], axis, shared=True)
+        g_v = allgather(cat_v[None], axis, shared=True)
+    elif width in (4, 8) and jnp.issubdtype(dtype, jnp.floating):
         as_int = cat_i.astype(jnp.int32 if width == 4 else jnp.int64)
         both = allgather(jnp.stack([lax.bitcast_convert_type(as_int, dtype), cat_v])[None], axis)
         g_i = lax.bitcast_convert_type(both[:, 0], as_int.dtype).astype(jnp.int32)
@@ -151,9 +162,9 @@ def _gather_pairs(idx: list[Any], vals: list[Any], axis: str | None) -> tuple[li
 
 
 def _sparse_mean(grads: list[Any], idx: list[Any], vals: list[Any], ks: tuple[int, ...], axis: str | None,
-                 n: Any) -> Callable[[], list[Any]]:
+                 n: Any, shared: bool = False) -> Callable[[], list[Any]]:
     def run() -> list[Any]:
-        gi, gv = _gather_pairs([i[:k] for i, k in zip(idx, ks)], [v[:k] for v, k in zip(vals, ks)], axis)
+        gi, gv = _gather_pairs([i[:k] for i, k in zip(idx, ks)], [v[:k] for v, k in zip(vals, ks)], axis, shared)
         out = []
         for g, i, v in zip(grads, gi, gv):
             dense = jnp.zeros((g.size,), g.dtype).at[i].add(v.astype(g.dtype))
@@ -177,8 +188,10 @@ def dgc_allreduce(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
             return list(grads)
         return [s / jnp.asarray(n, s.dtype) for s in allreduce_dense(grads, axis, shared=False)]
 
-    branch = stage_branch(_step(ins), int(attrs.get("rampup_begin_step", 0)), int(attrs.get("rampup_step", 1)),
-                          table)
+    begin = int(attrs.get("rampup_begin_step", 0))
+    if begin == 0 and len(uniq) == 1:  # one branch: straight-line code, the gather may use the arena
+        return {"Out": _sparse_mean(grads, idx, vals, uniq[0], axis, n, shared=True)()}
+    branch = stage_branch(_step(ins), begin, int(attrs.get("rampup_step", 1)), table)
     out = lax.switch(branch, [dense] + [_sparse_mean(grads, idx, vals, ks, axis, n) for ks in uniq])
     return {"Out": list(out)}
 
