@@ -233,3 +233,11 @@ def test_dgc_refused_in_pserver_mode() -> None:
 def test_dgc_arguments_are_checked(kw: dict[str, Any], code: str, fragment: str) -> None:
     args = {"learning_rate": 0.1, "momentum": 0.9, "rampup_begin_step": 0, **kw}
     expect_error(lambda: optimizer.DGCMomentumOptimizer(**args), code, fragment)
+
+
+def test_dgc_refused_over_devices_of_one_process() -> None:
+    from transpiler.compiled_program import data_parallel_program
+
+    main, _ = build_mlp(opt="dgc")
+    expect_error(lambda: data_parallel_program(main, 2), "E775", "cannot run data parallel over 2 devices")
+    assert data_parallel_program(main, 1).to_string() != ""  # a group of one is DGC as it is
