@@ -104,10 +104,9 @@ def train_single(opt: str, seed: int, steps: int = STEPS) -> dict[str, np.ndarra
     return params_of(main, scope)
 
 
-def train_dgc_simulated(seed: int, nranks: int = 2, steps: int = STEPS, attrs: dict[str, Any] = DGC_ATTRS,
-                        contiguous: bool = False) -> dict[str, np.ndarray]:
-    """DGC with ``nranks`` trainers simulated in one process: each trainer's gradient on its shard (rows
-    ``r::nranks``, or the r-th contiguous block with ``contiguous``, as devices of one process split it) comes
+def train_dgc_simulated(seed: int, nranks: int = 2, steps: int = STEPS,
+                        attrs: dict[str, Any] = DGC_ATTRS) -> dict[str, np.ndarray]:
+    """DGC with ``nranks`` trainers simulated in one process: each trainer's gradient on its shard comes
     from running the model's forward and backward (no optimizer) with the current parameters; the
     update is ``tests.runtime.dgc_reference.dgc_step`` (numpy, float64)."""
     from tests.runtime.dgc_reference import dgc_step
@@ -128,8 +127,7 @@ def train_dgc_simulated(seed: int, nranks: int = 2, steps: int = STEPS, attrs: d
         for r in range(nranks):
             for n in names:
                 scope.set_var(n, params[n].astype("float32"))
-            rows = slice(r * ROWS // nranks, (r + 1) * ROWS // nranks) if contiguous else slice(r, None, nranks)
-            got = exe.run(fwd, feed={"x": x[rows], "y": y[rows]},
+            got = exe.run(fwd, feed={"x": x[r::nranks], "y": y[r::nranks]},
                           fetch_list=[f"{n}@GRAD" for n in names], scope=scope)
             for n, g in zip(names, got):
                 grads[n].append(np.asarray(g, "float64"))
