@@ -235,17 +235,20 @@ def test_fingerprints_ignore_names_seeds_and_rank_attributes() -> None:
 DGC_RTOL, DGC_ATOL = 1e-4, 1e-5  # float32 training against a float64 numpy simulation
 
 
-@pytest.fixture(scope="module")
-def dgc_trainers(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """One 2-process job training the three DGC configurations."""
+@pytest.fixture(scope="module", params=["auto", "xla"])
+def dgc_trainers(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> pathlib.Path:
+    """One 2-process job training the three DGC configurations, with the group's shared-memory arena
+    (``dgc_static`` gathers its pairs through it) or XLA's collectives only."""
     out = tmp_path_factory.mktemp("dgc")
     ps = Procs()
     try:
-        results = trainers(ps, out, configs="dgc,dgc_dense,dgc_static")
+        results = trainers(ps, out, configs="dgc,dgc_dense,dgc_static", FLAGS_cpu_allreduce=request.param)
     finally:
         ps.kill_all()
+    via = "shared memory" if request.param == "auto" else "XLA"
     for code, text in results:
         assert code == 0, text
+        assert f"dense sums through {via}" in text, text[-2000:]
     return out
 
 
