@@ -16,13 +16,14 @@ which is what a group of one computes.
 - ``c_local_sgd`` averages only on every ``k_steps``-th step, under ``lax.cond``, so the other steps
   pay no communication.
 - ``c_allgather`` is XLA's ``all_gather``; DGC's kernels (``runtime.kernels.dgc``) use ``allgather``
-  (which can also gather through the arena, as a sum of per-rank slots) and ``allreduce_dense`` from here.
+  (which can also gather through the arena, as a sum of per-rank slots), ``allreduce_dense`` and
+  ``switch_shared`` (a ``lax.switch`` whose branches may use the arena: the token is threaded through).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax.numpy as jnp
 from jax import lax
@@ -151,6 +152,32 @@ def c_local_sgd(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
     return {"ParamOut": lax.cond(due, average, lambda ps: list(ps), params), "StepOut": [step]}
 
 
+def switch_shared(index: Any, branches: list[Callable[[], Any]]) -> Any:
+    """``lax.switch(index, branches)`` with the run's shared-memory arena usable inside the branches: the
+    arena's chaining token goes into the switch as an operand and comes back out of it (every rank takes
+    the same branch, so the arena's calls still pair up in order)."""
+    outer = _SHARED.get()
+    if outer is None:
+        return lax.switch(index, branches)
+
+    def wrap(fn: Callable[[], Any]) -> Callable[[Any], Any]:
+        def run(token: Any) -> Any:
+            inner = _SharedSum(outer.arena)
+            inner.token = token
+            reset = _SHARED.set(inner)
+            try:
+                out = fn()
+            finally:
+                _SHARED.reset(reset)
+            return out, (inner.token if inner.token is not None else token)
+
+        return run
+
+    token = outer.token if outer.token is not None else jnp.zeros((), jnp.int32)
+    out, outer.token = lax.switch(index, [wrap(f) for f in branches], token)
+    return out
+
+
 def allgather(x: Any, axis: str, shared: bool = False) -> Any:
     """Every rank's ``x`` concatenated along the first dimension, in rank order: XLA's ``all_gather``
     (gloo on CPU, NCCL on GPU); with ``shared`` (outside control flow) and the run's shared-memory arena,
@@ -172,4 +199,4 @@ def c_allgather(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
     return {"Out": [x if axis is None else allgather(x, axis)]}
 
 
-__all__ = ["allgather", "allreduce_dense", "collective_axis", "current_axis"]
+__all__ = ["allgather", "allreduce_dense", "collective_axis", "current_axis", "switch_shared"]

@@ -15,12 +15,12 @@ Invariants:
   not sent). The count sent is then at most k, close to k; the entries sent are all above the threshold.
 - All ranks take the same branch: the step counter is replicated (every rank increments it once a step).
 - ``dgc_allreduce`` sends one collective a step whatever the number of gradients: before rampup one
-  fused ``psum`` of every gradient (XLA's, inside the branch: the shared-memory arena's token chain cannot
-  leave a ``lax.switch``), after it one ``all_gather`` of every gradient's (index, value) pairs, the
-  indices bitcast into the values' dtype when their widths match (float32: int32, float64: int64).
-  When the schedule has a single branch (``rampup_begin_step`` 0 and one k per gradient) there is no
-  ``lax.switch``, and with the group's shared-memory arena the pairs go through it (two sums of per-rank
-  slots: indices as int32, values; no bitcast, so no float rounding can touch an index).
+  fused sum of every gradient, after it one gather of every gradient's (index, value) pairs. With the
+  group's shared-memory arena both go through it (``switch_shared`` threads its token through the
+  ``lax.switch``; the gather is two sums of per-rank slots: indices as int32, then values, so no float
+  rounding can touch an index); without it they are XLA's ``psum`` and one ``all_gather``, the indices
+  bitcast into the values' dtype when their widths match (float32: int32, float64: int64). When the
+  schedule has a single branch (``rampup_begin_step`` 0 and one k per gradient) there is no ``lax.switch``.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ir.ops.dgc import dgc_k
-from runtime.kernels.collective import allgather, allreduce_dense, current_axis
+from runtime.kernels.collective import allgather, allreduce_dense, current_axis, switch_shared
 from runtime.kernels.registry import Ins, kernel, one
 
 EXACT_K_MAX = 2048
@@ -187,13 +187,13 @@ def dgc_allreduce(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
     def dense() -> list[Any]:
         if axis is None:
             return list(grads)
-        return [s / jnp.asarray(n, s.dtype) for s in allreduce_dense(grads, axis, shared=False)]
+        return [s / jnp.asarray(n, s.dtype) for s in allreduce_dense(grads, axis, shared=True)]
 
     begin = int(attrs.get("rampup_begin_step", 0))
-    if begin == 0 and len(uniq) == 1:  # one branch: straight-line code, the gather may use the arena
+    if begin == 0 and len(uniq) == 1:  # one branch: straight-line code
         return {"Out": _sparse_mean(grads, idx, vals, uniq[0], axis, n, shared=True)()}
     branch = stage_branch(_step(ins), begin, int(attrs.get("rampup_step", 1)), table)
-    out = lax.switch(branch, [dense] + [_sparse_mean(grads, idx, vals, ks, axis, n) for ks in uniq])
+    out = switch_shared(branch, [dense] + [_sparse_mean(grads, idx, vals, ks, axis, n, shared=True) for ks in uniq])
     return {"Out": list(out)}
 
 
