@@ -1094,8 +1094,8 @@ class _SetChecker:
     def _check_dense_reduced(self, role: str, main: Program, block: Block) -> None:
         """Every trainable parameter an optimizer op of ``block`` updates (its gradient named by the op's
         ``op_role_var``) has its gradient summed by a ``c_allreduce_sum`` placed after every other op that
-        writes it, then scaled by 1/nranks, before that optimizer op. (``dgc_momentum`` exchanges its
-        gradient itself.)"""
+        writes it, then scaled by 1/nranks, before that optimizer op, or exchanged by a ``dgc_allreduce`` (DGC's mean)
+        after which nothing writes it."""
         ops = block.ops
         for i, op in enumerate(ops):
             op_def = find_op_def(op.type)
@@ -1154,8 +1154,13 @@ def _reduction_problem(before: Sequence[Operator], grad: str) -> str | None:
     for k, op in enumerate(before):
         if op.type == "c_allreduce_sum" and grad in op.input("X"):
             reduce_at, nranks = k, int(op.attrs.get("nranks", 0) or 0)
+        if op.type == "dgc_allreduce" and grad in op.input("Grad"):
+            reduce_at = k  # DGC's exchange averages itself (ir.ops.dgc); nothing may write the mean after it
     if reduce_at < 0:
         return "is never allreduced among the trainers"
+    if before[reduce_at].type == "dgc_allreduce":
+        later = [k for k in range(reduce_at + 1, len(before)) if grad in before[k].output_arg_names]
+        return f"is written by op {later[0]} ({before[later[0]].type}) after its dgc_allreduce" if later else None
     averaged = False
     for k, op in enumerate(before):
         if grad not in op.output_arg_names or k == reduce_at:

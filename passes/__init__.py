@@ -10,6 +10,7 @@ from passes.collect_params import CollectParams
 from passes.collective_plan import GRAD_ALLREDUCE, LOCAL_SGD, CollectivePlan
 from passes.collective_startup import CollectiveStartup
 from passes.distributed_table import DistributedTable
+from passes.dgc import DGC
 from passes.grad_allreduce import GradAllReduce
 from passes.local_sgd import LocalSGD
 from passes.memory_optimize import MemoryOptimize
@@ -29,11 +30,11 @@ def default_pipeline() -> list[Pass]:
 
 
 def collective_pipeline(kind: str = GRAD_ALLREDUCE) -> list[Pass]:
-    """The nccl2/collective pipeline: join the group in the startup program, then average gradients
-    (``grad_allreduce``) or parameters (``local_sgd``)."""
+    """The nccl2/collective pipeline: join the group in the startup program, ready DGC's exchange (``dgc``,
+    a no-op without DGC), then average gradients (``grad_allreduce``) or parameters (``local_sgd``)."""
     if kind not in (GRAD_ALLREDUCE, LOCAL_SGD):
         raise PassError(f"collective kind {kind!r} is unknown; expected {GRAD_ALLREDUCE!r} or {LOCAL_SGD!r}")
-    return [CollectiveStartup(), GradAllReduce() if kind == GRAD_ALLREDUCE else LocalSGD()]
+    return [CollectiveStartup(), DGC(), GradAllReduce() if kind == GRAD_ALLREDUCE else LocalSGD()]
 
 
 def hybrid_pipeline() -> list[Pass]:
@@ -47,7 +48,7 @@ def hybrid_pipeline() -> list[Pass]:
 
 
 __all__ = [
-    "CollectParams", "CollectivePlan", "CollectiveStartup", "GradAllReduce", "LocalSGD", "MemoryOptimize", "ReleaseMemory", "collective_pipeline", "hybrid_pipeline", "DistributedTable", "Pass", "PassContext", "PassError", "PassManager", "PlaceBlocks",
+    "CollectParams", "CollectivePlan", "CollectiveStartup", "DGC", "GradAllReduce", "LocalSGD", "MemoryOptimize", "ReleaseMemory", "collective_pipeline", "hybrid_pipeline", "DistributedTable", "Pass", "PassContext", "PassError", "PassManager", "PlaceBlocks",
     "PserverProgram", "PserverStartup", "SliceVariables", "TrainerSendRecv", "TrainerStartup",
     "default_pipeline", "slice_variable",
 ]

@@ -13,9 +13,9 @@ Guarantees:
   own; 0 disables fusion): one collective a bucket instead of one a gradient;
 - a sparse (``selected_rows``) gradient gets its own ``c_allreduce_sum``, which gathers every rank's
   rows (their sum is the concatenation) instead of densifying the table;
-- a gradient read by a ``dgc_momentum`` op (Deep Gradient Compression) is left alone: that op does its
-  own exchange (dense mean before its rampup, an allgather of the top-k entries after), so it gets no
-  ``c_allreduce_sum`` and no ``scale``; its ``nranks`` attribute is set to the group's size;
+- a gradient a ``dgc`` op compresses (Deep Gradient Compression) is left alone: its ``dgc_allreduce``
+  exchanges it (dense mean before the rampup, an allgather of the top-k pairs after; the ``dgc`` pass
+  readies it), so it gets no ``c_allreduce_sum`` and no ``scale``;
 - rings (``ring_id``) cycle over ``nccl_comm_num`` in bucket order. Learning-rate ops stay as they are.
 Raises ``PassError`` E620 when a gradient is never written before the optimizer reads it, E621 when
 some op reads a gradient for its update before the last op that writes it.
@@ -63,11 +63,11 @@ def _positions(block: Block, pairs: list[tuple[str, str]]) -> tuple[dict[str, in
     return last_write, first_read
 
 
-DGC_OP = "dgc_momentum"
+DGC_OP = "dgc"
 
 
 def dgc_grads(program: Program) -> set[str]:
-    """The gradients that ``dgc_momentum`` ops read (they exchange them themselves)."""
+    """The gradients ``dgc`` ops compress (their ``dgc_allreduce`` exchanges them)."""
     return {n for op in program.global_block().ops if op.type == DGC_OP for n in op.input("Grad")}
 
 
@@ -139,9 +139,6 @@ class GradAllReduce(Pass):
         main = programs[ProgramRole.trainer(plan.trainer_id)].main
         block = main.global_block()
         buckets = plan_buckets(main, plan)
-        for op in block.ops:
-            if op.type == DGC_OP:
-                op.set_attr("nranks", plan.nranks)
         backward = int(OpRole.BACKWARD)
         # Insert from the last position backwards so earlier indices stay valid.
         for ring, b in sorted(enumerate(buckets), key=lambda rb: rb[1].after, reverse=True):

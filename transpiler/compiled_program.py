@@ -24,6 +24,7 @@ from ir.ops import op_has_trait
 from ir.program_set import ProgramRole, ProgramSet
 
 from passes.collective_plan import CollectivePlan
+from passes.dgc import DGC, has_dgc
 from passes.grad_allreduce import GradAllReduce
 from passes.pass_base import PassContext, PassManager
 from passes.dist_plan import DistPlan
@@ -59,14 +60,22 @@ def is_collective_program(program: Program) -> bool:
 
 
 def data_parallel_program(program: Program, nranks: int, fuse_grad_size_mb: float = 32.0) -> Program:
-    """A clone of ``program`` whose gradients are averaged over ``nranks`` devices (``grad_allreduce``)."""
+    """A clone of ``program`` whose gradients are averaged over ``nranks`` devices (``grad_allreduce``).
+    DGC over several devices of one process is refused (E775): its accumulators are each trainer's own,
+    and the devices of one process share one copy of every persistable variable."""
+    if nranks > 1 and has_dgc(program):
+        raise TranspilerError(f"DGCMomentumOptimizer cannot run data parallel over {nranks} devices of one process: "
+                              "its U and V accumulators are per-trainer state, and the devices of one process "
+                              "share one copy of each persistable variable",
+                              hint="run one trainer process per device (transpile in nccl2 mode and launch with "
+                                   "flotilla launch), or use MomentumOptimizer", code="E775")
     plan = CollectivePlan(trainer_id=0, endpoints=tuple(f"device:{i}" for i in range(nranks)),
                           fuse_grad_size_mb=fuse_grad_size_mb)
     programs = ProgramSet()
     programs.add(ProgramRole.trainer(0), program.clone(), Program())
     ctx = PassContext(origin_main=program, origin_startup=Program(),
                       plan=DistPlan(trainer_id=0, trainers=nranks, sync_mode=True, pservers=()), collective=plan)
-    PassManager([GradAllReduce()]).run(programs, ctx)
+    PassManager([DGC(), GradAllReduce()]).run(programs, ctx)  # DGC: nranks 1 only (see above)
     return programs[ProgramRole.trainer(0)].main
 
 

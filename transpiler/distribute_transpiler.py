@@ -42,7 +42,7 @@ from ir.verify import verify_program_set
 
 from passes import collective_pipeline, default_pipeline, hybrid_pipeline
 from passes.collective_plan import CollectivePlan
-from passes.grad_allreduce import DGC_OP
+from passes.dgc import has_dgc
 from passes.dist_plan import DistPlan
 from passes.geo_sgd_startup import GeoSgdStartup
 from passes.pass_base import Instrument, PassContext, PassManager, PrintIRAfter, Timing
@@ -136,8 +136,8 @@ class DistributeTranspiler:
         if self.config.geo_sgd_mode and sync_mode:
             raise TranspilerError("geo_sgd_mode needs asynchronous training, but sync_mode is True",
                                   hint="pass sync_mode=False, or disable geo_sgd_mode", code="E717")
-        if any(op.type == DGC_OP for op in program.global_block().ops):
-            raise TranspilerError("DGCMomentumOptimizer (dgc_momentum ops) is only supported in collective training; "
+        if has_dgc(program):
+            raise TranspilerError("DGCMomentumOptimizer (dgc ops) is only supported in collective training; "
                                   "the pserver mode cannot run it (Fluid 1.6 likewise supports DGC in nccl2 mode only)",
                                   hint='transpile with config.mode = "nccl2" (or "collective"), or use '
                                        "MomentumOptimizer with parameter servers", code="E772")

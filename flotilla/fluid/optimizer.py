@@ -400,21 +400,27 @@ class Ftrl(Optimizer):
 class DGCMomentumOptimizer(Momentum):
     """Deep Gradient Compression (Lin et al., ICLR 2018) as Fluid 1.6's ``DGCMomentumOptimizer``.
 
-    Appends one ``dgc_momentum`` op per parameter (accumulators ``U``, ``V`` of the parameter's shape
-    and a one-element step counter). Until ``rampup_begin_step`` the op is dense allreduce + momentum;
-    then each step sends only the top ``1 - sparsity`` fraction of the locally accumulated, momentum
-    corrected gradient (the sparsity walks through ``sparsity`` over ``rampup_step`` steps) and
-    applies the mean of the trainers' sparse gradients with plain SGD. Only collective (``nccl2``)
-    training supports it: the pserver transpiler refuses it (E772). Run on one process it is DGC with
-    a group of one.
+    A parameter of at least ``min_compress_numel`` elements (Fluid's 16384: smaller ones cost more in
+    per-op overhead than they save in bytes) is compressed: a ``dgc`` op per parameter (local clipping,
+    momentum correction ``U = mu*U + g``, accumulation ``V += U``, top-k of ``|V|`` at the step's sparsity,
+    momentum factor masking), then one ``dgc_allreduce`` for all of them (dense mean before
+    ``rampup_begin_step``, an allgather of the (index, value) pairs after), then a ``dgc_momentum`` per
+    parameter (momentum before ``rampup_begin_step``, SGD on the decoded mean after), then one
+    ``increment`` of the shared step counter. The sparsity walks through ``sparsity`` over ``rampup_step``
+    steps from ``rampup_begin_step``. Smaller parameters get plain ``momentum`` ops (dense allreduce under
+    the collective transpiler). Only collective (``nccl2``) training supports it: the pserver transpiler
+    refuses it (E772); the ``dgc`` pass records the group's size. Run on one process it is DGC with a
+    group of one.
     """
 
-    type = "dgc_momentum"
+    type = "momentum"
+    MIN_COMPRESS_NUMEL = 16384
 
     def __init__(self, learning_rate: float | Variable, momentum: float, rampup_begin_step: int,
                  rampup_step: int = 1, sparsity: Sequence[float] = (0.999,), use_nesterov: bool = False,
                  local_grad_clip_norm: float | None = None, num_trainers: int | None = None,
-                 regularization: WeightDecayRegularizer | str | None = None, name: str | None = None) -> None:
+                 regularization: WeightDecayRegularizer | str | None = None, name: str | None = None,
+                 min_compress_numel: int = MIN_COMPRESS_NUMEL) -> None:
         super().__init__(learning_rate, momentum, use_nesterov, regularization, name)
         if isinstance(rampup_begin_step, bool) or not isinstance(rampup_begin_step, int) or rampup_begin_step < 0:
             raise IRError(f"DGCMomentumOptimizer: rampup_begin_step must be an int >= 0, got {rampup_begin_step!r}",
@@ -433,32 +439,77 @@ class DGCMomentumOptimizer(Momentum):
             raise IRError("DGCMomentumOptimizer: local_grad_clip_norm must be > 0 or None, "
                           f"got {local_grad_clip_norm!r}",
                           hint="pass None to disable local clipping", code="E770")
-        if num_trainers is not None and (isinstance(num_trainers, bool) or not isinstance(num_trainers, int)
-                                         or num_trainers < 1):
-            raise IRError(f"DGCMomentumOptimizer: num_trainers must be an int >= 1 or None, got {num_trainers!r}",
-                          hint="None uses the size of the trainer group", code="E771")
+        for what, value in (("num_trainers", num_trainers), ("min_compress_numel", min_compress_numel)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise IRError(f"DGCMomentumOptimizer: {what} must be an int >= 1 or None, got {value!r}",
+                              hint="num_trainers None uses the size of the trainer group; min_compress_numel is "
+                                   "the smallest parameter compressed (default 16384, as Fluid)", code="E771")
         self._rampup_begin_step = rampup_begin_step
         self._rampup_step = rampup_step
         self._sparsity = [float(s) for s in values]
         self._clip = float(local_grad_clip_norm) if local_grad_clip_norm is not None else -1.0
         self._num_trainers = num_trainers or 0
+        self._min_numel = min_compress_numel
+        self._step: dict[Program, Variable] = {}
+        self._encoded: list[tuple[Parameter, Variable, Operator]] = []
+
+    def _compressed(self, param: Parameter) -> bool:
+        numel = 1
+        for d in param.shape:
+            numel *= d
+        return numel >= self._min_numel
 
     def _create_accumulators(self, main: Program, startup: Program, parameters: list[Parameter]) -> None:
         for p in parameters:
-            self._add_accumulator(main, startup, "dgc_u", p)
-            self._add_accumulator(main, startup, "dgc_v", p)
-            self._add_accumulator(main, startup, "dgc_step", p, dtype="float32", shape=(1,))
+            if self._compressed(p):
+                self._add_accumulator(main, startup, "dgc_u", p)
+                self._add_accumulator(main, startup, "dgc_v", p)
+            else:
+                self._add_accumulator(main, startup, self._velocity_acc_str, p)
+        if any(self._compressed(p) for p in parameters) and main not in self._step:
+            self._step[main] = create_global_var(main, startup, unique_name("dgc_step"), (1,), "float32", 0.0)
+
+    def _schedule(self) -> dict[str, Any]:
+        return {"sparsity": self._sparsity, "rampup_begin_step": self._rampup_begin_step,
+                "rampup_step": self._rampup_step}
 
     def _append_optimize_op(self, block: Block, param: Parameter, grad: Variable) -> Operator:
+        if not self._compressed(param):
+            return super()._append_optimize_op(block, param, grad)
         u = self._get_accumulator("dgc_u", param).name
         v = self._get_accumulator("dgc_v", param).name
-        step = self._get_accumulator("dgc_step", param).name
-        return self._append(block, param, grad, {"U": [u], "V": [v], "Step": [step]},
-                            {"UOut": [u], "VOut": [v], "StepOut": [step]},
-                            {"mu": self._momentum, "use_nesterov": self._use_nesterov,
-                             "rampup_begin_step": self._rampup_begin_step, "rampup_step": self._rampup_step,
-                             "sparsity": self._sparsity, "local_grad_clip_norm": self._clip,
-                             "num_trainers": self._num_trainers})
+        idx = block.create_var(unique_name(f"{param.name}_dgc_encode_index"), dtype="int32")
+        vals = block.create_var(unique_name(f"{param.name}_dgc_encode_value"), dtype=param.dtype)
+        op = block.append_op("dgc", {"U": [u], "V": [v], "Grad": [grad.name], "Step": [self._step[block.program].name]},
+                             {"UOut": [u], "VOut": [v], "EncodeIndex": [idx.name], "EncodeValue": [vals.name]},
+                             {"m": self._momentum, "use_nesterov": self._use_nesterov, **self._schedule(),
+                              "local_grad_clip_norm": self._clip, "num_trainers": self._num_trainers,
+                              **optimize_attrs(param.name, grad.name)})
+        self._encoded.append((param, grad, op))
+        return op
+
+    def _finish_update(self, block: Block, params_grads: ParamsGrads) -> list[Operator]:
+        encoded, self._encoded = self._encoded, []
+        if not encoded:
+            return []
+        step = self._step[block.program].name
+        grads = [g.name for _, g, _ in encoded]
+        ops = [block.append_op(
+            "dgc_allreduce", {"Grad": grads, "EncodeIndex": [op.output("EncodeIndex")[0] for *_, op in encoded],
+                              "EncodeValue": [op.output("EncodeValue")[0] for *_, op in encoded], "Step": [step]},
+            {"Out": grads}, {**self._schedule(), OP_ROLE_ATTR: int(OpRole.OPTIMIZE),
+                             OP_ROLE_VAR_ATTR: [n for p, g, _ in encoded for n in (p.name, g.name)]})]
+        for param, grad, _ in encoded:
+            ops.append(block.append_op(
+                "dgc_momentum", {"Param": [param.name], "Grad": [grad.name],
+                                 "U": [self._get_accumulator("dgc_u", param).name],
+                                 "LearningRate": [self._create_param_lr(block, param)], "Step": [step]},
+                {"ParamOut": [param.name], "UOut": [self._get_accumulator("dgc_u", param).name]},
+                {"mu": self._momentum, "use_nesterov": self._use_nesterov,
+                 "rampup_begin_step": self._rampup_begin_step, **optimize_attrs(param.name, grad.name)}))
+        ops.append(block.append_op("increment", {"X": [step]}, {"Out": [step]},
+                                   {"step": 1.0, OP_ROLE_ATTR: int(OpRole.OPTIMIZE), OP_ROLE_VAR_ATTR: []}))
+        return ops
 
 
 # Fluid's long names.

@@ -21,7 +21,7 @@ from ir.ops.registry import (
     has_op,
     op_has_trait,
 )
-from ir.ops import math, nn, optimizer, rpc, collective, io, jax_function  # noqa: F401  (registration side effect)
+from ir.ops import math, nn, optimizer, rpc, collective, dgc, io, jax_function  # noqa: F401  (registration side effect)
 
 __all__ = [
     "A", "AttrDef", "AttrKind", "BlockRef", "DefaultGrad", "InferContext", "NO_GRAD", "OpDef", "OpSpec", "Slot",

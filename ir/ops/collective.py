@@ -5,7 +5,8 @@ Invariants:
   sets up the communicator across processes before training), while ``c_allreduce_sum`` and
   ``c_broadcast`` lower to XLA collectives inside the compiled step. ``c_allreduce_sum`` and
   ``c_local_sgd`` are also ``replica_reduce`` (they keep the replicas' training in step; ``c_broadcast``
-  only copies the startup parameters from root).
+  only copies the startup parameters from root). ``c_allgather`` (Fluid 1.6) concatenates every rank's
+  ``X`` along the first dimension; DGC's exchange (``ir.ops.dgc``) uses the same lowering.
 - ``NCCLID`` is a ``raw`` variable (shape ``[]``, ``ir.ops.shapes.RAW_INFO``); collectives keep
   their input's shape, dtype and type. No op here is differentiated (``NO_GRAD``).
 - ``c_allreduce_sum`` takes several variables at once (a fused bucket: one collective for all of
@@ -14,7 +15,7 @@ Invariants:
 """
 from __future__ import annotations
 
-from ir.ops.registry import A, AttrKind as K, InferContext, NO_GRAD, defop
+from ir.ops.registry import A, AttrKind as K, InferContext, NO_GRAD, VarInfo, defop
 from ir.ops.shapes import same_as, set_raw
 
 
@@ -93,4 +94,29 @@ defop(
     grad=NO_GRAD,
     traits=("collective", "replica_reduce"),
     doc="StepOut = Step + 1; every k_steps-th call ParamOut = the mean of Param over every rank, else Param",
+)
+
+
+def _infer_allgather(ctx: InferContext) -> None:
+    x = ctx.input("X")
+    nranks = int(ctx.attr("nranks"))
+    if not x.shape:
+        ctx.fail("X is a scalar; c_allgather concatenates along the first dimension, so X needs rank >= 1")
+    first = x.shape[0] * nranks if nranks > 0 and x.shape[0] >= 0 else -1
+    ctx.set_output("Out", VarInfo((first, *x.shape[1:]), x.dtype, x.type))
+
+
+defop(
+    "c_allgather",
+    inputs=["X"],
+    outputs=["Out"],
+    attrs=[
+        A("ring_id", K.INT, 0, "communicator (ring) to use"),
+        A("use_calc_stream", K.BOOL, False, "run on the compute stream (no extra synchronisation)"),
+        A("nranks", K.INT, 0, "ranks the program was transpiled for (0: not recorded, Out's first extent -1)"),
+    ],
+    infer=_infer_allgather,
+    grad=NO_GRAD,
+    traits=("collective",),
+    doc="Out = the X of every rank concatenated along the first dimension, in rank order",
 )

@@ -8,4 +8,5 @@ from runtime.kernels import optimizer  # noqa: F401
 from runtime.kernels import io  # noqa: F401
 from runtime.kernels import rpc  # noqa: F401
 from runtime.kernels import collective  # noqa: F401
+from runtime.kernels import dgc  # noqa: F401
 from runtime.kernels import jax_function  # noqa: F401

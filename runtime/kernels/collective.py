@@ -15,21 +15,15 @@ which is what a group of one computes.
   calls in trace order.
 - ``c_local_sgd`` averages only on every ``k_steps``-th step, under ``lax.cond``, so the other steps
   pay no communication.
-- ``dgc_momentum`` (Deep Gradient Compression, Lin et al. 2018, as Fluid 1.6's ``dgc_momentum``) is an
-  optimizer op that does its own exchange: before ``rampup_begin_step`` a dense ``psum`` (mean) and a
-  momentum update; from then on local clipping (``local_grad_clip_norm * nranks**-0.5``), momentum
-  correction (``U = mu*U + g``), local accumulation (``V += U``), top-k of ``|V|``, an ``all_gather``
-  of the (index, value) pairs, momentum factor masking (sent entries zeroed in ``U`` and ``V``) and
-  ``Param -= lr * mean of the gathered sparse gradients``. Shapes stay static: ``k`` is the k of the
-  *smallest* sparsity of the schedule; at a later (sparser) stage only the first ``k_stage`` of the
-  sorted top-k entries are kept, the rest are sent as (index, 0) and not masked, so the bytes on the
-  wire are those of the first stage throughout.
+- ``c_allgather`` is XLA's ``all_gather``; DGC's kernels (``runtime.kernels.dgc``) use ``allgather``
+  (which can also gather through the arena, as a sum of per-rank slots), ``allreduce_dense`` and
+  ``switch_shared`` (a ``lax.switch`` whose branches may use the arena: the token is threaded through).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax.numpy as jnp
 from jax import lax
@@ -98,7 +92,7 @@ def _sum(x: Any, axis: str, shared: bool) -> Any:
     return via(x, axis) if via is not None else lax.psum(x, axis)
 
 
-def _allreduce_dense(xs: list[Any], axis: str, shared: bool = True) -> list[Any]:
+def allreduce_dense(xs: list[Any], axis: str, shared: bool = True) -> list[Any]:
     if len(xs) == 1:
         return [_sum(xs[0], axis, shared)]
     out: list[Any] = [None] * len(xs)
@@ -123,7 +117,7 @@ def c_allreduce_sum(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
         return {"Out": xs}
     dense = [i for i, x in enumerate(xs) if not isinstance(x, SelectedRows)]
     out: list[Any] = list(xs)
-    for i, y in zip(dense, _allreduce_dense([xs[i] for i in dense], axis) if dense else []):
+    for i, y in zip(dense, allreduce_dense([xs[i] for i in dense], axis) if dense else []):
         out[i] = y
     for i, x in enumerate(xs):
         if isinstance(x, SelectedRows):
@@ -152,82 +146,57 @@ def c_local_sgd(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
     n = lax.psum(1, axis)
 
     def average(ps: list[Any]) -> list[Any]:
-        return [p / jnp.asarray(n, p.dtype) for p in _allreduce_dense(ps, axis, shared=False)]
+        return [p / jnp.asarray(n, p.dtype) for p in allreduce_dense(ps, axis, shared=False)]
 
     due = jnp.reshape(step, (-1,))[0] % attrs["k_steps"] == 0
     return {"ParamOut": lax.cond(due, average, lambda ps: list(ps), params), "StepOut": [step]}
 
 
-def dgc_k(numel: int, sparsity: float) -> int:
-    """Entries sent at ``sparsity`` (``numel * (1 - sparsity)`` rounded down, at least one; the
-    product is first rounded to 6 decimals so 40 * (1 - 0.9) is 4, not 3)."""
-    return max(1, min(numel, int(round(numel * (1.0 - sparsity), 6))))
+def switch_shared(index: Any, branches: list[Callable[[], Any]]) -> Any:
+    """``lax.switch(index, branches)`` with the run's shared-memory arena usable inside the branches: the
+    arena's chaining token goes into the switch as an operand and comes back out of it (every rank takes
+    the same branch, so the arena's calls still pair up in order)."""
+    outer = _SHARED.get()
+    if outer is None:
+        return lax.switch(index, branches)
+
+    def wrap(fn: Callable[[], Any]) -> Callable[[Any], Any]:
+        def run(token: Any) -> Any:
+            inner = _SharedSum(outer.arena)
+            inner.token = token
+            reset = _SHARED.set(inner)
+            try:
+                out = fn()
+            finally:
+                _SHARED.reset(reset)
+            return out, (inner.token if inner.token is not None else token)
+
+        return run
+
+    token = outer.token if outer.token is not None else jnp.zeros((), jnp.int32)
+    out, outer.token = lax.switch(index, [wrap(f) for f in branches], token)
+    return out
 
 
-def dgc_stage(step: Any, begin: int, rampup_step: int, stages: int) -> Any:
-    """Index into the sparsity list at (0-based) ``step`` >= ``begin`` (Fluid's ``get_period_sparcity``)."""
-    idx = (step - begin) * stages // max(1, rampup_step)
-    return jnp.clip(idx, 0, stages - 1)
+def allgather(x: Any, axis: str, shared: bool = False) -> Any:
+    """Every rank's ``x`` concatenated along the first dimension, in rank order: XLA's ``all_gather``
+    (gloo on CPU, NCCL on GPU); with ``shared`` (outside control flow) and the run's shared-memory arena,
+    a sum through the arena of each rank's ``x`` in its own slot of a zero buffer (exact: the other slots
+    add zeros; ``nranks`` times the bytes, so for the small payloads of DGC, where the arena's latency
+    beats gloo's)."""
+    via = _SHARED.get() if shared else None
+    if via is None:
+        return lax.all_gather(x, axis, tiled=True)
+    n = lax.axis_size(axis)
+    slots = jnp.zeros((n, *x.shape), x.dtype).at[lax.axis_index(axis)].set(x)
+    return via(slots, axis).reshape((n * x.shape[0], *x.shape[1:]))
 
 
-def _dgc_dense(p: Any, u: Any, v: Any, g: Any, lr: Any, mu: float, nesterov: bool, axis: str | None,
-               n: Any) -> tuple[Any, Any, Any]:
-    if axis is not None:
-        g = lax.psum(g, axis) / jnp.asarray(n, g.dtype)
-    u2 = u * mu + g
-    step = g + u2 * mu if nesterov else u2
-    return p - lr * step, u2, v
-
-
-def _dgc_sparse(p: Any, u: Any, v: Any, g: Any, lr: Any, stage: Any, attrs: dict[str, Any], axis: str | None,
-                n: Any) -> tuple[Any, Any, Any]:
-    mu = attrs["mu"]
-    clip = float(attrs.get("local_grad_clip_norm", -1.0))
-    if clip > 0:
-        trainers = int(attrs.get("num_trainers", 0)) or n
-        limit = jnp.asarray(clip, g.dtype) / jnp.sqrt(jnp.asarray(trainers, g.dtype))
-        norm = jnp.sqrt(jnp.sum(g * g))
-        g = g * (limit / jnp.maximum(norm, limit))
-    if attrs.get("use_nesterov", False):
-        u2 = (u + g) * mu
-        v2 = v + u2 + g
-    else:
-        u2 = u * mu + g
-        v2 = v + u2
-    flat = jnp.ravel(v2)
-    sparsity = list(attrs["sparsity"])
-    ks = jnp.asarray([dgc_k(flat.size, s) for s in sparsity], jnp.int32)
-    k = dgc_k(flat.size, min(sparsity))
-    _, idx = lax.top_k(jnp.abs(flat), k)
-    keep = jnp.arange(k) < ks[stage]
-    vals = jnp.where(keep, flat[idx], jnp.zeros((), flat.dtype))
-    sent = jnp.zeros(flat.shape, bool).at[idx].set(keep)
-    u3 = jnp.where(sent.reshape(u2.shape), jnp.zeros((), u2.dtype), u2)
-    v3 = jnp.where(sent.reshape(v2.shape), jnp.zeros((), v2.dtype), v2)
-    if axis is not None:
-        idx = lax.all_gather(idx, axis, tiled=True)
-        vals = lax.all_gather(vals, axis, tiled=True)
-    dense = jnp.zeros(flat.shape, flat.dtype).at[idx].add(vals) / jnp.asarray(n, flat.dtype)
-    return p - lr * dense.reshape(p.shape), u3, v3
-
-
-@kernel("dgc_momentum")
-def dgc_momentum(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
-    p, u, v = one(ins, "Param"), one(ins, "U"), one(ins, "V")
-    g = jnp.asarray(one(ins, "Grad"), p.dtype).reshape(p.shape)
-    lr = jnp.asarray(one(ins, "LearningRate"), p.dtype).reshape(())
-    step_in = one(ins, "Step")
-    step = jnp.reshape(step_in, (-1,))[0].astype(jnp.int32)
+@kernel("c_allgather")
+def c_allgather(ins: Ins, attrs: dict[str, Any]) -> dict[str, list[Any]]:
+    x = one(ins, "X")
     axis = current_axis()
-    n = 1 if axis is None else lax.psum(1, axis)
-    begin = int(attrs.get("rampup_begin_step", 0))
-    stage = dgc_stage(step, begin, int(attrs.get("rampup_step", 1)), len(attrs["sparsity"]))
-    p2, u2, v2 = lax.cond(step < begin,
-                          lambda: _dgc_dense(p, u, v, g, lr, attrs["mu"], bool(attrs.get("use_nesterov", False)),
-                                             axis, n),
-                          lambda: _dgc_sparse(p, u, v, g, lr, stage, attrs, axis, n))
-    return {"ParamOut": [p2.astype(p.dtype)], "UOut": [u2.astype(u.dtype)], "VOut": [v2.astype(v.dtype)],
-            "StepOut": [step_in + jnp.ones_like(step_in)]}
+    return {"Out": [x if axis is None else allgather(x, axis)]}
 
 
-__all__ = ["collective_axis", "dgc_k", "dgc_stage", "current_axis"]
+__all__ = ["allgather", "allreduce_dense", "collective_axis", "current_axis", "switch_shared"]

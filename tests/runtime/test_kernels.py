@@ -46,7 +46,7 @@ TESTED_ELSEWHERE = {
     "geo_sync": "tests/runtime/rpc/test_geo_sgd.py",
     "geo_table_init": "tests/runtime/rpc/test_geo_sgd.py",
     "recompute_barrier": "tests/ir/test_recompute.py",
-    "dgc_momentum": "tests/runtime/test_dgc_kernel.py",
+    **{t: "tests/runtime/test_dgc_kernel.py" for t in ("dgc", "dgc_allreduce", "dgc_momentum", "c_allgather")},
     **{t: "tests/runtime/collective/test_collective_training.py"
        for t in ("gen_nccl_id", "c_allreduce_sum", "c_broadcast", "c_local_sgd")},
     **{t: "tests/flotilla/jax/test_capture.py" for t in ("jax_function", "jax_function_grad", "load_value")},

@@ -38,7 +38,8 @@ def build_mlp(opt: str = "momentum", depth: int = 2, clip_norm: bool = False, sp
         {"sgd": lambda: optimizer.SGD(0.1), "momentum": lambda: optimizer.Momentum(0.1, 0.9),
          "adam": lambda: optimizer.Adam(0.01),
          "dgc": lambda: optimizer.DGCMomentumOptimizer(0.1, 0.9, rampup_begin_step=2, rampup_step=4,
-                                                       sparsity=[0.75, 0.9375], local_grad_clip_norm=1.0),
+                                                       sparsity=[0.75, 0.9375], local_grad_clip_norm=1.0,
+                                                       min_compress_numel=1),
          }[opt]().minimize(loss)
     return main, startup
 
@@ -173,12 +174,43 @@ def test_errors() -> None:
 
 
 def test_dgc_golden_grads_exchanged_by_dgc_ops_only(golden: Any) -> None:
-    # DGC gradients get no c_allreduce_sum/scale: each dgc_momentum op exchanges its own gradient.
+    # DGC gradients get no c_allreduce_sum/scale: one dgc_allreduce exchanges them all; the dgc pass
+    # records the group's size on it and on every dgc op.
     t = collective(*build_mlp(opt="dgc"), trainer_id=1)
     golden.check("mlp_nccl2_dgc.txt", t.program_set.to_string())
     main = t.get_trainer_program()
-    assert "c_allreduce_sum" not in op_types(main)
-    assert op_types(main).count("dgc_momentum") == 6
+    types = op_types(main)
+    assert "c_allreduce_sum" not in types
+    assert types.count("dgc") == types.count("dgc_momentum") == 6 and types.count("dgc_allreduce") == 1
+    assert all(op.attr("nranks") == 2 for op in main.global_block().ops if op.type in ("dgc", "dgc_allreduce"))
+
+
+def test_dgc_leaves_small_parameters_to_dense_allreduce() -> None:
+    # Fluid's rule: parameters under 16384 elements are not compressed (momentum + c_allreduce_sum).
+    main, startup = Program(), Program()
+    with unique_name.guard(), program_guard(main, startup):
+        x = layers.data(name="x", shape=[256], dtype="float32")
+        h = layers.fc(input=x, size=64, param_attr=ParamAttr(name="big"), bias_attr=ParamAttr(name="small"))
+        loss = layers.mean(h)
+        optimizer.DGCMomentumOptimizer(0.1, 0.9, rampup_begin_step=0).minimize(loss)
+    trainer = collective(main, startup).get_trainer_program()
+    by_type = {t: [op for op in trainer.global_block().ops if op.type == t]
+               for t in ("dgc", "momentum", "c_allreduce_sum")}
+    assert [op.input("Grad") for op in by_type["dgc"]] == [["big@GRAD"]]
+    assert [op.input("Param") for op in by_type["momentum"]] == [["small"]]
+    assert [op.input("X") for op in by_type["c_allreduce_sum"]] == [["small@GRAD"]]
+
+
+def test_dgc_refused_with_local_sgd() -> None:
+    expect_error(lambda: collective(*build_mlp(opt="dgc"), mode="collective", collective_mode="local_sgd"),
+                 "E774", "DGCMomentumOptimizer needs collective_mode 'grad_allreduce'")
+
+
+def test_dgc_pass_refuses_broken_wiring() -> None:
+    main, startup = build_mlp(opt="dgc")
+    block = main.global_block()
+    block.remove_op(next(i for i, op in enumerate(block.ops) if op.type == "dgc_allreduce"))
+    expect_error(lambda: collective(main, startup), "E773", "is encoded by dgc (op")
 
 
 def test_dgc_refused_in_pserver_mode() -> None:
@@ -196,7 +228,16 @@ def test_dgc_refused_in_pserver_mode() -> None:
     ({"rampup_begin_step": -1}, "E771", "rampup_begin_step must be an int >= 0"),
     ({"rampup_step": 0}, "E771", "rampup_step must be an int >= 1"),
     ({"num_trainers": 0}, "E771", "num_trainers must be an int >= 1 or None"),
+    ({"min_compress_numel": 0}, "E771", "min_compress_numel must be an int >= 1 or None"),
 ])
 def test_dgc_arguments_are_checked(kw: dict[str, Any], code: str, fragment: str) -> None:
     args = {"learning_rate": 0.1, "momentum": 0.9, "rampup_begin_step": 0, **kw}
     expect_error(lambda: optimizer.DGCMomentumOptimizer(**args), code, fragment)
+
+
+def test_dgc_refused_over_devices_of_one_process() -> None:
+    from transpiler.compiled_program import data_parallel_program
+
+    main, _ = build_mlp(opt="dgc")
+    expect_error(lambda: data_parallel_program(main, 2), "E775", "cannot run data parallel over 2 devices")
+    assert data_parallel_program(main, 1).to_string() != ""  # a group of one is DGC as it is

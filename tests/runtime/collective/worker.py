@@ -41,18 +41,26 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "sparse_embedding_sgd": ("sparse_sgd", {}),
     "dgc": ("dgc", {}),
     "dgc_dense": ("dgc_dense", {}),
+    "dgc_static": ("dgc_static", {}),
 }
-# DGCMomentumOptimizer's settings in the "dgc" configuration (its op's attributes), and "dgc_dense"
+# DGCMomentumOptimizer's settings in the "dgc" configuration (every parameter compressed, however small), and "dgc_dense"
 # (compression never starts within the run: dense allreduce + momentum).
 DGC_ATTRS: dict[str, Any] = {"mu": 0.9, "use_nesterov": False, "rampup_begin_step": 2, "rampup_step": 2,
                              "sparsity": [0.75, 0.9], "local_grad_clip_norm": 1.0, "num_trainers": 0}
 
 
-def _dgc(lr: float, dense: bool = False) -> optimizer.DGCMomentumOptimizer:
-    a = DGC_ATTRS
+# "dgc_static": compression from step 0 at one sparsity (no lax.switch; the pairs go through the shared-memory
+# arena when the trainers have one).
+DGC_STATIC_ATTRS: dict[str, Any] = {**DGC_ATTRS, "rampup_begin_step": 0, "rampup_step": 1, "sparsity": [0.75],
+                                    "local_grad_clip_norm": -1.0}
+
+
+def _dgc(lr: float, dense: bool = False, attrs: dict[str, Any] = DGC_ATTRS) -> optimizer.DGCMomentumOptimizer:
+    a = attrs
+    clip = a["local_grad_clip_norm"]
     return optimizer.DGCMomentumOptimizer(lr, a["mu"], rampup_begin_step=1000 if dense else a["rampup_begin_step"],
                                           rampup_step=a["rampup_step"], sparsity=a["sparsity"],
-                                          local_grad_clip_norm=a["local_grad_clip_norm"])
+                                          local_grad_clip_norm=clip if clip > 0 else None, min_compress_numel=1)
 
 
 def build(opt: str, seed: int, lr_factor: float = 1.0, mu: float = 0.9) -> tuple[Program, Program, Any]:
@@ -71,7 +79,8 @@ def build(opt: str, seed: int, lr_factor: float = 1.0, mu: float = 0.9) -> tuple
         loss = layers.mean(layers.square_error_cost(input=pred, label=y))
         {"sgd": lambda: optimizer.SGD(0.1 * lr_factor), "momentum": lambda: optimizer.Momentum(0.1 * lr_factor, mu),
          "adam": lambda: optimizer.Adam(0.05 * lr_factor), "dgc": lambda: _dgc(0.1 * lr_factor),
-         "dgc_dense": lambda: _dgc(0.1 * lr_factor, dense=True)}[opt]().minimize(loss)
+         "dgc_dense": lambda: _dgc(0.1 * lr_factor, dense=True),
+         "dgc_static": lambda: _dgc(0.1 * lr_factor, attrs=DGC_STATIC_ATTRS)}[opt]().minimize(loss)
     return main, startup, loss
 
 
@@ -95,7 +104,8 @@ def train_single(opt: str, seed: int, steps: int = STEPS) -> dict[str, np.ndarra
     return params_of(main, scope)
 
 
-def train_dgc_simulated(seed: int, nranks: int = 2, steps: int = STEPS) -> dict[str, np.ndarray]:
+def train_dgc_simulated(seed: int, nranks: int = 2, steps: int = STEPS,
+                        attrs: dict[str, Any] = DGC_ATTRS) -> dict[str, np.ndarray]:
     """DGC with ``nranks`` trainers simulated in one process: each trainer's gradient on its shard comes
     from running the model's forward and backward (no optimizer) with the current parameters; the
     update is ``tests.runtime.dgc_reference.dgc_step`` (numpy, float64)."""
@@ -122,8 +132,22 @@ def train_dgc_simulated(seed: int, nranks: int = 2, steps: int = STEPS) -> dict[
             for n, g in zip(names, got):
                 grads[n].append(np.asarray(g, "float64"))
         for n in names:
-            params[n], us[n], vs[n] = dgc_step(params[n], us[n], vs[n], grads[n], step, 0.1, DGC_ATTRS)
+            params[n], us[n], vs[n] = dgc_step(params[n], us[n], vs[n], grads[n], step, 0.1, attrs)
     return params
+
+
+def eval_loss(params: dict[str, np.ndarray], seed: int = 100, steps: int = STEPS) -> float:
+    """The model's mean loss with ``params`` over every batch of a run (forward only)."""
+    main_p, startup, loss = build("sgd", seed)
+    exe, scope = runtime.Executor(), runtime.Scope()
+    exe.run(startup, scope=scope)
+    block = main_p.global_block()
+    while block.ops and block.ops[-1].type == "sgd":
+        block.remove_op(len(block.ops) - 1)
+    for n, v in params.items():
+        scope.set_var(n, np.asarray(v, "float32"))
+    return float(np.mean([np.asarray(exe.run(main_p, feed={"x": x, "y": y}, fetch_list=[loss], scope=scope)[0])
+                          for x, y in batches(steps)]))
 
 
 def main(argv: list[str] | None = None) -> int:
