@@ -7,15 +7,16 @@ padded to a power of two so each compiles for a few sizes, not once per call.
 
 A step's ids (``UniqueIds``): sorted once on the host (``np.unique`` with the inverse, ~0.15 ms for a CTR
 step's 13k ids), then shared by the three places that need them: the shards ``split_ids`` hands to
-``prefetch``, ``merge_ids`` putting the fetched rows back in the ids' order (``take_rows``: a compiled
-gather by the inverse, whose result stays on the device for the compiled step), and the merge of the
-gradient's duplicate rows (``sum_rows``: a compiled segment sum by the same inverse). Measured on a CTR
-step (26 x 512 ids, zipf): the numpy bookkeeping this replaces (sort-unique, argsort + searchsorted +
-gather, stable argsort + reduceat, ~2.4 ms CPU) against ~0.3 ms; a fixed-size ``jnp.unique(size=n)``
-inside compiled code took ~2 ms of CPU for the unique alone, so the unique stays on the host.
+``prefetch``, ``merge_ids`` putting the fetched rows back in the ids' order (one numpy gather by the
+inverse), and the merge of the gradient's duplicate rows (``sum_rows``: a compiled segment sum by the
+same inverse, where the gradient already is, so only the merged rows come to the host). Measured on a
+CTR step (26 x 512 ids, zipf; CPU time): the numpy bookkeeping this replaces (sort-unique, argsort +
+searchsorted + gather, stable argsort + reduceat, ~2.4 ms) against ~0.4 ms; a fixed-size
+``jnp.unique(size=n, return_inverse=True)`` inside compiled code took ~2 ms for the unique alone, so
+the unique stays on the host.
 
-Invariants: ``ids == unique[inverse]``; ``unique`` is sorted and free of duplicates; the compiled helpers
-pad their row counts to a power of two (padding rows are never read back).
+Invariants: ``ids == unique[inverse]``; ``unique`` is sorted and free of duplicates; ``sum_rows`` pads
+its segment count to a power of two (padding segments are never read back).
 """
 from __future__ import annotations
 
@@ -96,27 +97,12 @@ def unique_ids(ids: np.ndarray) -> UniqueIds:
 
 
 @with_x64
-def take_rows(rows: np.ndarray, index: np.ndarray, shape: tuple[int, ...], device: Any) -> Any:
-    """``rows[index].reshape(shape)`` as a device array on ``device``, gathered by compiled code (``rows``
-    padded to a power of two, so it compiles for a few row counts per ``index`` length)."""
-    n = len(rows)
-    padded = np.zeros((padded_size(max(n, 1)),) + rows.shape[1:], rows.dtype)
-    padded[:n] = rows
-    return _take(jax.device_put(padded, device), jax.device_put(index, device), tuple(shape))
-
-
-@with_x64
 def sum_rows(values: Any, inverse: np.ndarray, count: int) -> np.ndarray:
     """Per unique id ``k < count`` the sum of the ``values`` rows whose ``inverse`` is ``k``, as a host
     array ``[count, ...]``: a compiled segment sum, where ``values`` lives (a device array stays there)."""
     if not count:
         return np.zeros((0,) + tuple(np.shape(values)[1:]), np.dtype(values.dtype))
     return np.asarray(_segment_sum(values, inverse, padded_size(count)))[:count]
-
-
-@functools.partial(jax.jit, static_argnums=2)
-def _take(rows: Any, index: Any, shape: tuple[int, ...]) -> Any:
-    return rows[index].reshape(shape)
 
 
 @functools.partial(jax.jit, static_argnums=2)
