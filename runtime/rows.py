@@ -27,6 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from runtime.scope import ExecutionError
+
 from runtime.x64 import with_x64
 
 
@@ -71,7 +73,7 @@ def _set(table: Any, rows: Any, values: Any) -> Any:
 @dataclass(frozen=True)
 class UniqueIds:
     """A step's ids (``ids``, flat int64, as given), their sorted unique values and the inverse
-    (``ids == unique[inverse]``, int32 for the compiled gathers)."""
+    (``ids == unique[inverse]``, int32: the index of the compiled segment sum)."""
 
     ids: np.ndarray
     unique: np.ndarray
@@ -91,7 +93,8 @@ class UniqueIds:
 def unique_ids(ids: np.ndarray) -> UniqueIds:
     """Sort ``ids`` (flat int64) once: their unique values and the inverse."""
     if len(ids) >= np.iinfo(np.int32).max:
-        raise ValueError(f"{len(ids)} ids in one step; at most {np.iinfo(np.int32).max - 1} are supported")
+        raise ExecutionError(f"{len(ids)} ids in one step; at most {np.iinfo(np.int32).max - 1} are supported",
+                             hint="feed smaller batches")
     unique, inverse = np.unique(ids, return_inverse=True)
     return UniqueIds(ids, unique, inverse.astype(np.int32, copy=False).reshape(-1))
 

@@ -9,6 +9,8 @@ Distributed lookup tables shard ids by ``id % n`` over the ``n`` pservers: ``spl
 and sorts the ids (or buckets a selected-rows gradient's rows, keeping global ids and the height; like
 ``split_selected_rows`` it first merges duplicate rows, so only touched rows travel, each once),
 ``prefetch`` asks each pserver for its shard's rows, ``merge_ids`` puts them back in the ids' order.
+The ids are sorted once a step (``runtime.rows.UniqueIds``, kept in the executor's RPC session): the
+inverse of that sort places the fetched rows and merges the table gradient's duplicate rows.
 
 Geo-SGD's ``geo_sync`` keeps its state in the program (the step counter, the snapshots and the table's
 touched-rows mask are persistable variables), so the kernel holds none; ``geo_table_init`` fills the
@@ -351,7 +353,7 @@ def split_ids(ctx: Any, op: Operator) -> None:
 
 def _merged_rows(ctx: Any, op: Operator, x: SelectedRows) -> tuple[np.ndarray, Any]:
     """``x``'s rows merged (sorted unique rows, the values of each summed). When the rows are the ids a
-    ``split_ids`` of this trainer sorted (a distributed table's gradient: one row per id looked up), that
+    ``split_ids`` of this executor sorted (a distributed table's gradient: one row per id looked up), that
     sort is reused and the sum is compiled (``runtime.rows.sum_rows``); otherwise numpy merges them."""
     rows = np.asarray(x.rows).reshape(-1)
     for split in ctx.executor.rpc_session.split_ids.values():
@@ -377,12 +379,6 @@ def _run_starts(ordered: np.ndarray) -> np.ndarray:
     if not len(ordered):
         return np.zeros((0,), np.intp)
     return np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-
-
-def _sorted_unique(ids: np.ndarray) -> np.ndarray:
-    """``np.unique(ids)`` by sorting (numpy's hash-based unique is ~10x slower on a step's ids)."""
-    ordered = np.sort(ids)
-    return ordered[_run_starts(ordered)]
 
 
 @host_kernel("merge_ids")

@@ -39,9 +39,10 @@ the first large transfer to a pserver asks it for a shared-memory segment; a pse
 creates one and from then on a batch of at least ``FLAGS_rpc_data_plane_min_bytes`` (256 KiB: the large
 gradients of a flush; the parameters of a fetch this client has seen at that size) travels through
 segments, the gRPC call carrying only a signed reference; that pserver's small values of the same flush
-(or fetch, those of a size seen before) go in the same segment, so a step makes one call each way. A pserver on another host, one with the data plane off, or a
-segment that cannot be mapped leaves that pserver on gRPC for good; a full ring (every segment still
-holding values the trainer uses) sends that one transfer through gRPC.
+(or fetch, those of a size seen before) go in the same segment, so a step makes one call each way. A
+pserver on another host, one with the data plane off, or a segment that cannot be mapped leaves that
+pserver on gRPC for good; a full ring (every segment still holding values the trainer uses) sends that
+one transfer through gRPC.
 """
 from __future__ import annotations
 
