@@ -255,10 +255,11 @@ class RPCClient:
                                f"({code.name}, attempt {attempt}): {e.details()}", hint=hint, status=code) from None
 
     def _all(self, jobs: Sequence[tuple[str, str, bytes, str]]) -> list[bytes]:
-        """Run the calls ``(endpoint, method, request, what)`` concurrently, the first from this thread
-        (one hop to the pool fewer); results in order."""
-        futs = [self._pool.submit(self._call, *job) for job in jobs[1:]]
-        return [self._call(*jobs[0]), *(f.result() for f in futs)] if jobs else []
+        """Run the calls ``(endpoint, method, request, what)`` concurrently; results in order."""
+        if len(jobs) == 1:
+            return [self._call(*jobs[0])]
+        futs = [self._pool.submit(self._call, *job) for job in jobs]
+        return [f.result() for f in futs]
 
     # --- the operations the kernels need
     def send(self, endpoint: str, name: str, value: Any) -> None:
