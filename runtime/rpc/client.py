@@ -38,9 +38,11 @@ Data plane (``runtime.rpc.shm``; ``FLAGS_rpc_data_plane``, read when the client 
 the first large transfer to a pserver asks it for a shared-memory segment; a pserver on this host
 creates one and from then on a batch of at least ``FLAGS_rpc_data_plane_min_bytes`` (256 KiB: the large
 gradients of a flush; the parameters of a fetch this client has seen at that size) travels through
-segments, the gRPC call carrying only a signed reference. A pserver on another host, one with the data plane off, or a
-segment that cannot be mapped leaves that pserver on gRPC for good; a full ring (every segment still
-holding values the trainer uses) sends that one transfer through gRPC.
+segments, the gRPC call carrying only a signed reference; that pserver's small values of the same flush
+(or fetch, those of a size seen before) go in the same segment, so a step makes one call each way. A
+pserver on another host, one with the data plane off, or a segment that cannot be mapped leaves that
+pserver on gRPC for good; a full ring (every segment still holding values the trainer uses) sends that
+one transfer through gRPC.
 """
 from __future__ import annotations
 
@@ -283,16 +285,18 @@ class RPCClient:
 
     def _send_entries(self, endpoint: str, entries: list[tuple[str, Any, int, int]],
                       before: futures.Future[None] | None) -> None:
-        """Send one pserver's queued gradients: those of at least ``STREAM_THRESHOLD`` bytes each as a
-        chunked stream, the rest as one SendVariables (or SendVariable when alone)."""
-        small: list[tuple[str, tuple[list[Any], int]]] = []
-        large: list[tuple[str, tuple[list[Any], int]]] = []
+        """Send one pserver's queued gradients: through a segment when one of them has at least
+        ``shm_threshold`` bytes and the data plane is up (the whole batch then, small ones included: one
+        call); otherwise those of at least ``STREAM_THRESHOLD`` bytes each as a chunked stream, the rest as
+        one SendVariables (or SendVariable when alone)."""
+        msgs = [(name, encode_parts(name, value, trainer_id=self.trainer_id, step=step, seq=seq,
+                                    incarnation=self.incarnation)) for name, value, seq, step in entries]
         shm: list[tuple[str, tuple[list[Any], int]]] = []
-        for name, value, seq, step in entries:
-            msg = encode_parts(name, value, trainer_id=self.trainer_id, step=step, seq=seq,
-                               incarnation=self.incarnation)
-            (shm if msg[1] >= self.shm_threshold and self.data_plane == "auto" else
-             large if msg[1] >= STREAM_THRESHOLD else small).append((name, msg))
+        if self.data_plane == "auto" and any(total >= self.shm_threshold for _, (_, total) in msgs) \
+                and self._plane(endpoint) is not None:
+            shm, msgs = msgs, []  # the batch takes a segment: its small gradients ride along, saving a call
+        small = [(name, msg) for name, msg in msgs if msg[1] < STREAM_THRESHOLD]
+        large = [(name, msg) for name, msg in msgs if msg[1] >= STREAM_THRESHOLD]
         if before is not None:
             futures.wait([before])  # its error, if any, is reported by whoever waits for it
         if shm and not self._send_shm(endpoint, shm):
@@ -329,7 +333,9 @@ class RPCClient:
 
     def _get_now(self, requests: Sequence[tuple[str, str]]) -> list[Any]:
         """Fetch now: per pserver one GetVariables (GetVariable when alone), and a chunked stream for each
-        variable this client has seen at ``STREAM_THRESHOLD`` bytes or more; every call in flight at once."""
+        variable this client has seen at ``STREAM_THRESHOLD`` bytes or more; or one ShmGet for a pserver
+        with a variable this client has seen at ``shm_threshold`` bytes or more (with every variable of
+        that pserver of a known size); every call in flight at once."""
         by_endpoint: dict[str, list[int]] = {}
         streamed: list[int] = []
         shm: dict[str, list[int]] = {}
@@ -341,6 +347,14 @@ class RPCClient:
                 streamed.append(i)
             else:
                 by_endpoint.setdefault(ep, []).append(i)
+        for ep, idx in list(by_endpoint.items()):
+            # A pserver's fetch that takes a segment anyway brings the small values of known size along.
+            known = [i for i in idx if self._sizes.get(requests[i][1], 0)]
+            if ep in shm and known:
+                shm[ep] = sorted(shm[ep] + known)
+                by_endpoint[ep] = [i for i in idx if not self._sizes.get(requests[i][1], 0)]
+                if not by_endpoint[ep]:
+                    del by_endpoint[ep]
         values: list[Any] = [None] * len(requests)
         if len(shm) == 1 and not streamed and not by_endpoint:  # one fetch: no hop to the pool
             (ep, idx), = shm.items()

@@ -4,7 +4,10 @@ between ops, one of each per trainer id.
 Why a session: the kernels (``runtime.kernels.rpc``) run one op at a time but batch across ops (a run of
 ``recv`` ops is one fetch) and announce a trainer once per program; that memory, and the connections,
 belong to the Executor that runs the program, and end when it is closed (``Executor.close`` sends every
-pserver Complete through ``close``). The client only talks; the kernels' memory is ``TrainerKernelState``.
+pserver Complete through ``close``). The client only talks; the kernels' memory is ``TrainerKernelState``,
+and ``split_ids`` for the id helpers, which carry no trainer id: per dense ``split_ids`` op (by its
+outputs) the ids it sorted last (``runtime.kernels.rpc._SplitIds``), which ``merge_ids`` and the merge of
+the table's gradient reuse only when they read those very ids.
 
 Invariants: made empty with the Executor; no gRPC is imported until a client is first asked for, so a
 local Executor never loads it.
@@ -59,6 +62,7 @@ class RPCSession:
     def __init__(self) -> None:
         self._clients: dict[int, "RPCClient"] = {}
         self._states: dict[int, TrainerKernelState] = {}
+        self.split_ids: dict[tuple[str, ...], Any] = {}
 
     @property
     def active(self) -> bool:

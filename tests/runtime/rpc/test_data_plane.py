@@ -699,3 +699,37 @@ def test_copy_out_copies_bit_exactly_and_checks_finite_on_the_way(kind: str) -> 
         got, want = got.values, want.values
     assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
     assert not np.shares_memory(got, want) and not got.flags.writeable
+
+
+# --- small values ride along ---------------------------------------------------------------------------------------
+def test_a_batch_through_a_segment_carries_the_small_values_of_its_pserver(tracker: Tracker) -> None:
+    import time
+
+    h = build_pserver(False, serve=True, tracker=tracker)
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+    c.shm_threshold = 1000  # fc_w.block1 (2400 bytes) takes a segment; fc_b (120 bytes) alone would not
+    methods: list[str] = []
+    retried = c._retried
+    c._retried = lambda ep, method, what, invoke: methods.append(method) or retried(ep, method, what, invoke)
+    pairs = [(h.endpoint, "fc_w.block1"), (h.endpoint, "fc_b")]
+    try:
+        for _ in range(2):  # the sizes become known, then the segment is opened
+            c.get(pairs)
+        methods.clear()
+        for (_, name), value in zip(pairs, c.get(pairs), strict=True):
+            np.testing.assert_array_equal(value, np.asarray(h.scope.find_var(name)))
+        assert methods == ["ShmGet"]
+        before = {name: np.array(h.scope.find_var(name)) for _, name in pairs}
+        methods.clear()
+        c.send(h.endpoint, h.grad_name("fc_w.block1", 0), np.ones((20, 30), np.float32))
+        c.send(h.endpoint, h.grad_name("fc_b", 0), np.ones(30, np.float32))
+        c.wait_sends()
+        assert [m for m in methods if m != "ShmOpen"] == ["ShmSend"]  # (a send may need a segment of its own)
+        end = time.monotonic() + 10.0  # an async pserver may apply just after answering
+        while time.monotonic() < end and any(np.array_equal(np.asarray(h.scope.find_var(n)), v)
+                                             for n, v in before.items()):
+            time.sleep(0.01)
+        for name, value in before.items():
+            np.testing.assert_allclose(np.asarray(h.scope.find_var(name)), value - LR, rtol=1e-5, err_msg=name)
+    finally:
+        c.close()
