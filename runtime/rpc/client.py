@@ -56,15 +56,16 @@ from concurrent import futures
 from typing import Any, Callable, Iterable, Sequence
 
 import grpc
+import numpy as np
 
 from ir.errors import FlotillaError
 from runtime import malloc
 from runtime.flags import RPCSecurity, data_plane_mode, flag, rpc_security
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.server import SERVICE, grpc_options
-from runtime.rpc.shm import (CONTROL_GET, CONTROL_PIPELINED, CONTROL_SEND, HEADER_BYTES, MAX_SEGMENTS,
-                             PIPELINE_MIN_BYTES, ControlFailed, Segment, ShmError, TrainerPlane, deferred_parts,
-                             host_id, open_segment, write_batch, write_deferred)
+from runtime.rpc.shm import (CONTROL_GET, CONTROL_PIPELINED, CONTROL_PREFETCH, CONTROL_SEND, HEADER_BYTES,
+                             MAX_SEGMENTS, PIPELINE_MIN_BYTES, ControlFailed, Segment, ShmError, TrainerPlane,
+                             deferred_parts, host_id, open_segment, write_batch, write_deferred)
 from runtime.rpc.stream import STREAM_THRESHOLD, ReceiveBuffers, get_chunked, send_chunked
 from runtime.rpc.wire import BATCH_FIELD, _varint, decode_batch, decode_variable, encode_batch, encode_parts, \
     encode_variable
@@ -144,6 +145,8 @@ class RPCClient:
         self._pulls: dict[Any, collections.deque[tuple[int, futures.Future[list[Any]]]]] = {}
         self._round = 0
         self._sizes: dict[str, int] = {}  # bytes of each variable fetched so far: large ones are streamed
+        # (endpoint, ids name) -> (bytes of rows per id, bytes of the reply beyond them) of the last prefetch
+        self._prefetch_sizes: dict[tuple[str, str], tuple[float, int]] = {}
         self._buffers = ReceiveBuffers()
         self._pool = futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"trainer{trainer_id}-rpc")
         self._puller = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"trainer{trainer_id}-pull")
@@ -581,11 +584,81 @@ class RPCClient:
         _wait_all([f for queue in pulls.values() for _, f in queue])
 
     def prefetch(self, requests: Sequence[tuple[str, str, Any, str]]) -> list[Any]:
-        """Rows for ``(endpoint, ids_name, ids, table)`` requests, fetched concurrently."""
+        """Rows for ``(endpoint, ids_name, ids, table)`` requests, fetched concurrently (one from this thread)."""
         self.wait_sends()
-        jobs = [(ep, "PrefetchVariable", encode_variable(name, ids, trainer_id=self.trainer_id, table_name=table),
-                 f"of {name!r}") for ep, name, ids, table in requests]
-        return [decode_variable(raw).value for raw in self._all(jobs)]
+        if len(requests) == 1:
+            return [self._prefetch_one(*requests[0])]
+        futs = [self._pool.submit(self._prefetch_one, *r) for r in requests]
+        return [f.result() for f in futs]
+
+    def _prefetch_one(self, endpoint: str, name: str, ids: Any, table: str) -> Any:
+        """One pserver's rows for ``ids``: through the data plane once this client knows that prefetch's
+        answer size (from an earlier one) and either the plane to that pserver is up already (another
+        transfer opened it: the prefetch rides along, one call on the control socket instead of a gRPC
+        round trip) or the ids or rows take ``shm_threshold`` bytes or more; else (or when that fails short
+        of an answer) a PrefetchVariable over gRPC."""
+        count = int(np.size(ids))
+        known = self._prefetch_sizes.get((endpoint, name))
+        plane = self._plane(endpoint) if known is not None else None
+        if known is not None and plane is not None:
+            per_id, extra = known
+            rows_bytes = int(per_id * count) + extra
+            ids_bytes = 8 * count + len(name) + len(table) + 64
+            if plane.state or max(rows_bytes, ids_bytes) >= self.shm_threshold:
+                got = self._prefetch_shm(endpoint, name, ids, table, rows_bytes)
+                if got is not None:
+                    return got
+        raw = self._call(endpoint, "PrefetchVariable",
+                         encode_variable(name, ids, trainer_id=self.trainer_id, table_name=table), f"of {name!r}")
+        value = decode_variable(raw).value
+        self._learn_prefetch(endpoint, name, count, value, len(raw))
+        return value
+
+    def _learn_prefetch(self, endpoint: str, name: str, count: int, value: Any, length: int) -> None:
+        nbytes = int(getattr(value, "nbytes", 0))
+        if count:
+            self._prefetch_sizes[endpoint, name] = (nbytes / count, max(0, length - nbytes))
+
+    def _prefetch_shm(self, endpoint: str, name: str, ids: Any, table: str, rows_bytes: int) -> Any | None:
+        """The rows for ``ids`` through a segment (ids written there, rows answered into it: a read-only view
+        of it), the request over the control socket; None: use gRPC (no segment, no control socket or it
+        broke, or the rows outgrew the room)."""
+        parts, n = encode_parts(name, ids, trainer_id=self.trainer_id, table_name=table, incarnation=self.incarnation)
+        got = self._segment(endpoint, max(n + 16, rows_bytes + 1024))
+        if got is None:
+            return None
+        plane, seg = got
+        what = f"ShmPrefetch of {name!r} from pserver {endpoint}"
+        try:
+            length = write_batch(seg.view(HEADER_BYTES, seg.size - HEADER_BYTES), [(parts, n)])
+            ids_ref = plane.sign(b"ids", seg, length, plane.next_seq())
+            slot = plane.sign(b"slot", seg, seg.size - HEADER_BYTES, plane.next_seq())
+            try:
+                status, raw = plane.call(CONTROL_PREFETCH, pb.ShmPrefetchRequest(ids=ids_ref, slot=slot)
+                                         .SerializeToString(), self.deadline)
+            except ControlFailed:  # no control socket (or it broke): gRPC
+                return None
+            except TimeoutError as e:
+                raise RPCError(f"trainer {self.trainer_id}: {what} failed (DEADLINE_EXCEEDED): {e}",
+                               hint="the pserver is down or unreachable",
+                               status=grpc.StatusCode.DEADLINE_EXCEEDED) from None
+            if status == "RESOURCE_EXHAUSTED":  # the rows outgrew the room: gRPC learns their size again
+                return None
+            if status != "OK":
+                raise RPCError(f"trainer {self.trainer_id}: {what} failed ({status}, control socket): "
+                               f"{raw.decode('utf-8', 'replace')}",
+                               status=getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN))
+            ref = pb.ShmRef.FromString(raw)
+            plane.check_reply(ref, slot)
+            decoded = decode_batch(seg.view(ref.offset, ref.length).toreadonly())
+        finally:
+            plane.give_back(seg)  # reused once the rows decoded from it are gone
+        if len(decoded) != 1:
+            raise RPCError(f"trainer {self.trainer_id}: {what} answered {len(decoded)} variables, not the rows",
+                           hint="the pserver runs a different program version")
+        value = decoded[0].value
+        self._learn_prefetch(endpoint, name, int(np.size(ids)), value, ref.length)
+        return value
 
     def barrier(self, endpoints: Sequence[str], send: bool) -> None:
         """This trainer's SEND (``send``) or FETCH barrier of its current step on every endpoint."""

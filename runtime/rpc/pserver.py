@@ -603,8 +603,10 @@ class PServer:
                                hint="run the pserver startup program before listen_and_serv")
         return value
 
-    def prefetch(self, msg: Decoded) -> bytes:
-        """The rows of the table shard for the ids in ``msg`` (named by the trainer's ids variable)."""
+    def prefetch(self, msg: Decoded, encode: Callable[[str, Any], Any] = encode_variable) -> Any:
+        """The rows of the table shard for the ids in ``msg`` (named by the trainer's ids variable), as
+        ``encode(rows name, rows)`` gives them (called under the table's writer lock; the data plane writes
+        them straight into the trainer's slot)."""
         t, name = msg.header.trainer_id, msg.name
         self._check_trainer(t, f"prefetch of {name!r}")
         block_idx = self.config.prefetch_to_block.get(name)
@@ -626,7 +628,7 @@ class PServer:
         scope.set_var(lookup.input("Ids")[0], local.reshape(ids.shape))
         with self._writer_lock.get(table) or _NO_LOCK:
             self._run_block(block_idx, scope)
-            return encode_variable(out_name, scope.var(out_name))
+            return encode(out_name, scope.var(out_name))
 
     def barrier(self, trainer_id: int, step: int, kind: BarrierKind, incarnation: int) -> None:
         """A trainer's SEND or FETCH barrier of ``step`` (sync mode; a no-op in async mode)."""

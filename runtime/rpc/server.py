@@ -49,8 +49,8 @@ from runtime.flags import INSECURE_ENV, TOKEN_ENV, FlagError, RPCSecurity
 from runtime import malloc
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
-from runtime.rpc.shm import (CONTROL_ERROR, CONTROL_GET, CONTROL_OK, CONTROL_PIPELINED, CONTROL_SEND,
-                             MAX_CONTROL_MESSAGE, BatchWriter, ControlServer, PServerPlane, Progress, ShmError, copy_out)
+from runtime.rpc.shm import (CONTROL_ERROR, CONTROL_GET, CONTROL_OK, CONTROL_PIPELINED, CONTROL_PREFETCH,
+                             CONTROL_SEND, MAX_CONTROL_MESSAGE, BatchWriter, ControlServer, PServerPlane, Progress, ShmError, copy_out)
 from runtime.rpc.stream import ReceiveBuffers, encode_chunks
 from runtime.role import parse_endpoint
 from runtime.rpc.wire import WireError, decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
@@ -229,8 +229,35 @@ class ParameterServerService:
         self.pserver.get_many(req.get.trainer_id, names, encode, max_bytes=len(view))
         return self.plane.reply(req.slot, writer.pos).SerializeToString()
 
+    def shm_prefetch(self, raw: bytes) -> bytes:
+        """PrefetchVariable whose ids lie in shared memory and whose rows are answered into the trainer's
+        slot (control socket only): both references checked before a byte is read, the ids copied out,
+        then exactly the checks and the lookup of a gRPC prefetch, the rows written under the table's lock."""
+        req = _parse(pb.ShmPrefetchRequest, raw)
+        if (req.ids.trainer_id, req.ids.incarnation) != (req.slot.trainer_id, req.slot.incarnation):
+            raise ShmError(f"ShmPrefetch of trainer {req.ids.trainer_id} names a slot of trainer "
+                           f"{req.slot.trainer_id} (incarnation {req.slot.incarnation:#x}); nothing was read",
+                           hint="a trainer prefetches through its own segments")
+        _, ids_view = self.plane.resolve(req.ids, b"ids")
+        _, view = self.plane.resolve(req.slot, b"slot")
+        # the slot may overlap the ids (the trainer reuses the segment): they are copied out first, and what
+        # is validated and looked up is the copy
+        msgs = [copy_out(d, self.buffers) for d in decode_batch(ids_view)]
+        del ids_view
+        if len(msgs) != 1:
+            raise WireError(f"ShmPrefetch carries {len(msgs)} variables; expected the ids of one prefetch",
+                            hint="a prefetch sends one ids variable per pserver")
+        (msg,) = msgs
+        if (msg.header.trainer_id, msg.header.incarnation) != (req.ids.trainer_id, req.ids.incarnation):
+            raise ShmError(f"ShmPrefetch of trainer {req.ids.trainer_id} (incarnation {req.ids.incarnation:#x}) "
+                           f"carries {msg.name!r} of trainer {msg.header.trainer_id} (incarnation "
+                           f"{msg.header.incarnation:#x})", hint="a trainer prefetches only its own ids")
+        writer = BatchWriter(view)
+        self.pserver.prefetch(msg, lambda name, value: writer.put_parts(*encode_parts(name, value)))
+        return self.plane.reply(req.slot, writer.pos).SerializeToString()
+
     def control_call(self, method: bytes, raw: bytes, progress: Progress | None = None) -> bytes:
-        """A ShmSend (``progress``: pipelined) or ShmGet that came through the control socket
+        """A ShmSend (``progress``: pipelined), ShmGet or ShmPrefetch that came through the control socket
         (``runtime.rpc.shm.ControlServer``): the same handler and checks as over gRPC, its status and
         message in the answer."""
         try:
@@ -238,7 +265,9 @@ class ParameterServerService:
                 return CONTROL_OK + self.shm_send(raw, progress)
             if method == CONTROL_GET:
                 return CONTROL_OK + self.shm_get(raw)
-            status, message = "INVALID_ARGUMENT", f"unknown control-socket method {method!r}; expected S or G"
+            if method == CONTROL_PREFETCH:
+                return CONTROL_OK + self.shm_prefetch(raw)
+            status, message = "INVALID_ARGUMENT", f"unknown control-socket method {method!r}; expected S, P, G or L"
         except PServerError as e:
             status, message = e.status.value, str(e)
         except WireError as e:

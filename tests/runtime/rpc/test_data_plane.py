@@ -25,9 +25,10 @@ import pytest
 from runtime.flags import FlagError, data_plane_mode
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.client import RPCClient, RPCError
-from runtime.rpc.shm import (CONTROL_GET, CONTROL_SEND, HEADER_BYTES, NONCE_BYTES, ControlFailed, PServerPlane, Segment,
-                             ShmError, TrainerPlane, create_segment, leftover_segments, open_segment, ref_mac)
-from runtime.rpc.wire import encode_batch
+from runtime.rpc.shm import (CONTROL_GET, CONTROL_PREFETCH, CONTROL_SEND, HEADER_BYTES, NONCE_BYTES, ControlFailed,
+                             PServerPlane, Segment, ShmError, TrainerPlane, create_segment, leftover_segments,
+                             open_segment, ref_mac, write_batch)
+from runtime.rpc.wire import encode_batch, encode_parts
 from tests.runtime.rpc.conftest import LR, PARAMS, PSHandle, Tracker, build_pserver, inc
 from tests.runtime.rpc.test_server_errors import BAD, Raw, Served
 
@@ -738,3 +739,165 @@ def test_a_batch_through_a_segment_carries_the_small_values_of_its_pserver(track
             np.testing.assert_allclose(np.asarray(h.scope.find_var(name)), value - LR, rtol=1e-5, err_msg=name)
     finally:
         c.close()
+
+
+# --- the distributed table's prefetch through the data plane -------------------------------------------------------
+class TablePServer:
+    """One served pserver of ps_worker's ``table`` model (a distributed table of ``TABLE_ROWS`` x ``EMB``
+    float64 rows), trainers 0 and 1 announced, and a data-plane client of trainer 0 that has learned the
+    prefetch's size (its first prefetch, over gRPC) and holds a segment for hand-made references."""
+
+    def __init__(self) -> None:
+        from runtime import Executor
+        from runtime.kernels.rpc import max_message_bytes
+        from runtime.rpc.pserver import PServer
+        from runtime.rpc.server import start_server
+        from runtime.scope import Scope
+        from tests.runtime.rpc.conftest import free_port, listen_op
+        from tests.runtime.rpc.ps_worker import build
+        from transpiler import DistributeTranspiler, DistributeTranspilerConfig
+
+        self.endpoint = f"127.0.0.1:{free_port()}"
+        main, startup = build("table", "sgd", "const")
+        t = DistributeTranspiler(DistributeTranspilerConfig())
+        t.transpile(0, program=main, startup_program=startup, pservers=self.endpoint, trainers=2, sync_mode=False)
+        program, pstartup = t.get_pserver_programs(self.endpoint)
+        exe, self.scope = Executor(), Scope()
+        exe.run(pstartup, scope=self.scope)
+        self.pserver = PServer(program, self.scope, listen_op(program), lambda i, s: exe.run_block(program, i, s),
+                               authenticated=False)
+        for trainer in range(2):
+            self.pserver.announce(trainer, inc(trainer))
+        self.server = start_server(self.pserver, self.endpoint, max_message_bytes(program))
+        (self.ids_name,) = self.pserver.config.prefetch_to_block
+        self.client = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+        self.client.shm_threshold = 1
+        self.grpc = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="off")
+        self.prefetch(self.client, IDS)  # learns the rows' size (gRPC)
+        got = self.client._segment(self.endpoint, ROOM)
+        assert got is not None, self.client.data_plane_state()
+        self.plane, self.seg = got
+
+    def prefetch(self, client: RPCClient, ids: np.ndarray) -> Any:
+        return client.prefetch([(self.endpoint, self.ids_name, ids, "table")])[0]
+
+    def table(self) -> bytes:
+        return np.asarray(self.scope.find_var("table")).tobytes()
+
+    def ref(self, length: int, purpose: bytes, **fields: Any) -> pb.ShmRef:
+        """A signed reference to the held segment (numbered as the client numbers its own: it goes on)."""
+        base = dict(trainer_id=0, incarnation=inc(0), segment=self.seg.number, offset=HEADER_BYTES, length=length,
+                    seq=self.plane.next_seq())
+        base.update(fields)
+        ref = pb.ShmRef(**base)
+        ref.mac = ref_mac(self.plane.key, purpose, ref)
+        return ref
+
+    def put_ids(self, ids: Any, trainer_id: int = 0, incarnation: int = inc(0)) -> int:
+        return write_batch(self.seg.view(HEADER_BYTES, ROOM), [encode_parts(
+            self.ids_name, ids, trainer_id=trainer_id, table_name="table", incarnation=incarnation)])
+
+    def call(self, request: pb.ShmPrefetchRequest) -> tuple[str, bytes]:
+        return self.plane.call(CONTROL_PREFETCH, request.SerializeToString(), 10.0)
+
+    def close(self) -> None:
+        self.plane.give_back(self.seg)
+        self.client.close()
+        self.grpc.close()
+        self.server.stop(grace=None).wait(5.0)
+        self.pserver.close()
+
+
+IDS = np.array([[3], [7], [0], [100], [7], [42]], np.int64)
+
+
+@pytest.fixture
+def table_ps() -> Iterator[TablePServer]:
+    s = TablePServer()
+    yield s
+    s.close()
+
+
+def test_a_prefetch_through_the_data_plane_equals_the_grpc_prefetch_bit_for_bit(table_ps: TablePServer) -> None:
+    s = table_ps
+    control = s.pserver.data_plane.control
+    assert control is not None
+    before = control.calls
+    for ids in (IDS, np.arange(0, 101, 2, dtype=np.int64).reshape(-1, 1), np.zeros((0, 1), np.int64)):
+        got, want = s.prefetch(s.client, ids), s.prefetch(s.grpc, ids)
+        assert (got.dtype, got.shape) == (want.dtype, want.shape) and got.tobytes() == want.tobytes()
+        assert got.shape == (len(ids), 4)
+    assert control.calls == before + 3
+    assert any(np.shares_memory(s.prefetch(s.client, IDS), seg.array) for seg in s.plane.segments)
+
+
+PREFETCH_REFS: dict[str, tuple[Callable[[TablePServer], pb.ShmPrefetchRequest], str, str]] = {
+    "forged-ids-mac": (lambda s: pb.ShmPrefetchRequest(ids=pb.ShmRef(**{**_fields(s.ref(s.put_ids(IDS), b"ids")),
+                                                                        "mac": b"\0" * 32}), slot=s.ref(ROOM, b"slot")),
+                       "INVALID_ARGUMENT", "does not carry a valid HMAC"),
+    "send-ref-as-ids": (lambda s: pb.ShmPrefetchRequest(ids=s.ref(s.put_ids(IDS), b"send"), slot=s.ref(ROOM, b"slot")),
+                        "INVALID_ARGUMENT", "does not carry a valid HMAC"),
+    "ids-ref-as-slot": (lambda s: pb.ShmPrefetchRequest(ids=s.ref(s.put_ids(IDS), b"ids"), slot=s.ref(ROOM, b"ids")),
+                        "INVALID_ARGUMENT", "does not carry a valid HMAC"),
+    "stale-incarnation": (lambda s: pb.ShmPrefetchRequest(
+        ids=s.ref(s.put_ids(IDS, incarnation=inc(0) + 2), b"ids", incarnation=inc(0) + 2),
+        slot=s.ref(ROOM, b"slot", incarnation=inc(0) + 2)), "FAILED_PRECONDITION", "its segments belong to"),
+    "another-trainers-slot": (lambda s: pb.ShmPrefetchRequest(ids=s.ref(s.put_ids(IDS), b"ids"),
+                                                              slot=s.ref(ROOM, b"slot", trainer_id=1)),
+                              "INVALID_ARGUMENT", "names a slot of trainer 1"),
+    "another-trainers-ids": (lambda s: pb.ShmPrefetchRequest(ids=s.ref(s.put_ids(IDS, trainer_id=1), b"ids"),
+                                                             slot=s.ref(ROOM, b"slot")),
+                             "INVALID_ARGUMENT", "of trainer 1"),
+    "out-of-shard": (lambda s: pb.ShmPrefetchRequest(ids=s.ref(s.put_ids(np.array([[5], [101]], np.int64)), b"ids"),
+                                                     slot=s.ref(ROOM, b"slot")), "INVALID_ARGUMENT", "not in shard 0"),
+    "float-ids": (lambda s: pb.ShmPrefetchRequest(ids=s.ref(s.put_ids(np.ones((2, 1), np.float64)), b"ids"),
+                                                  slot=s.ref(ROOM, b"slot")), "INVALID_ARGUMENT",
+                  "ids must be a dense int64 tensor"),
+    "truncated-ids": (lambda s: pb.ShmPrefetchRequest(ids=s.ref(s.put_ids(IDS) - 5, b"ids"), slot=s.ref(ROOM, b"slot")),
+                      "INVALID_ARGUMENT", "truncated"),
+    "slot-too-small": (lambda s: pb.ShmPrefetchRequest(ids=s.ref(s.put_ids(IDS), b"ids"), slot=s.ref(40, b"slot")),
+                       "RESOURCE_EXHAUSTED", "does not fit its data-plane slot"),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFETCH_REFS))
+def test_a_bad_prefetch_through_the_data_plane_is_refused_and_changes_nothing(case: str, table_ps: TablePServer) -> None:
+    s = table_ps
+    make, status, words = PREFETCH_REFS[case]
+    request = make(s)
+    table, written = s.table(), bytes(s.seg.view(HEADER_BYTES, ROOM))
+    got, message = s.call(request)
+    assert (got, words in message.decode()) == (status, True), message
+    assert s.table() == table
+    if status != "RESOURCE_EXHAUSTED":  # the pserver wrote nothing into the segment
+        assert bytes(s.seg.view(HEADER_BYTES, ROOM)) == written
+    # and it goes on answering
+    np.testing.assert_array_equal(s.prefetch(s.client, IDS), s.prefetch(s.grpc, IDS))
+
+
+def test_a_replayed_prefetch_reference_is_refused(table_ps: TablePServer) -> None:
+    s = table_ps
+    request = pb.ShmPrefetchRequest(ids=s.ref(s.put_ids(IDS), b"ids"), slot=s.ref(ROOM, b"slot"))
+    status, raw = s.call(request)
+    assert status == "OK", raw
+    reply = pb.ShmRef.FromString(raw)
+    s.plane.check_reply(reply, request.slot)
+    for replay in (lambda: request, lambda: pb.ShmPrefetchRequest(ids=s.ref(s.put_ids(IDS), b"ids"),
+                                                                  slot=request.slot)):
+        req = replay()
+        table, written = s.table(), bytes(s.seg.view(HEADER_BYTES, ROOM))
+        status, message = s.call(req)
+        assert status == "INVALID_ARGUMENT" and b"a replayed reference is refused" in message, message
+        assert s.table() == table and bytes(s.seg.view(HEADER_BYTES, ROOM)) == written
+
+
+def test_a_prefetch_falls_back_to_grpc_when_the_control_socket_breaks(table_ps: TablePServer) -> None:
+    s = table_ps
+    control = s.pserver.data_plane.control
+    s.prefetch(s.client, IDS)
+    assert s.plane.control is not None and control.calls == 1
+    control.close()
+    got = s.prefetch(s.client, IDS)
+    assert s.plane.control is None and control.calls == 1
+    assert not any(np.shares_memory(got, seg.array) for seg in s.plane.segments)
+    assert got.tobytes() == s.prefetch(s.grpc, IDS).tobytes()
