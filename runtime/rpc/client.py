@@ -42,7 +42,10 @@ segments, the gRPC call carrying only a signed reference; that pserver's small v
 (or fetch, those of a size seen before) go in the same segment, so a step makes one call each way. A
 pserver on another host, one with the data plane off, or a segment that cannot be mapped leaves that
 pserver on gRPC for good; a full ring (every segment still holding values the trainer uses) sends that
-one transfer through gRPC.
+one transfer through gRPC. A distributed table's prefetch (``prefetch``) whose answer size the client knows
+(from an earlier prefetch of those ids) goes through a segment too, once the plane to that pserver is up
+or its ids or rows are that large: the ids written there, the rows answered into the same segment, the
+request on the control socket (without one, or when it breaks, a PrefetchVariable over gRPC).
 """
 from __future__ import annotations
 

@@ -16,7 +16,10 @@ value, under the pserver's read locks); the decoded batch then goes through exac
 SendVariables / GetVariables. ``start_server(..., data_plane="off")`` answers every ShmOpen with no segment.
 With the data plane on it also starts the pserver's control socket (``runtime.rpc.shm.ControlServer``):
 ShmSend and ShmGet arriving there go to the same two handlers (``control_call``), their errors mapped to
-the same status names as ``_statuses`` gives gRPC; it stops with the pserver (``pserver.closers``).
+the same status names as ``_statuses`` gives gRPC; it stops with the pserver (``pserver.closers``). A
+distributed table's prefetch may arrive there too (``shm_prefetch``, no gRPC method): both references
+checked, the ids copied out of the segment, then exactly PrefetchVariable's checks and lookup
+(``PServer.prefetch``), the rows written into the trainer's slot under the table's lock.
 
 Server options: message limits from the largest variable the program moves (at least 4 MiB),
 ``grpc.so_reuseport`` off (binding a taken port fails instead of sharing it), no HTTP proxy, keepalive
@@ -404,7 +407,7 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
         try:
             control = ControlServer(service.control_call)
         except OSError as e:  # the trainers' data-plane calls then take gRPC
-            print(f"pserver {endpoint}: no data-plane control socket ({e}); ShmSend/ShmGet go over gRPC",
+            print(f"pserver {endpoint}: no data-plane control socket ({e}); ShmSend/ShmGet/prefetches go over gRPC",
                   file=sys.stderr, flush=True)
         else:
             plane.control = control

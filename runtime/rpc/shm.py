@@ -22,7 +22,9 @@ trainer stays on gRPC for that transfer.
 
 Control socket. Creating segments (``ShmOpen``) always goes over gRPC; the per-transfer calls (``ShmSend``,
 ``ShmGet``: a reference each way) go through the pserver's control socket when it has one, a gRPC round
-trip costing about as much as copying 4 MiB. The pserver (``ControlServer``, started with its gRPC server
+trip costing about as much as copying 4 MiB. So does a distributed table's prefetch (``CONTROL_PREFETCH``,
+a ``ShmPrefetchRequest``: a reference to the ids, one to the slot for the rows; it has no gRPC form: a
+trainer without the socket sends a ``PrefetchVariable``). The pserver (``ControlServer``, started with its gRPC server
 when the data plane is on) listens on an abstract Unix socket (``SOCK_SEQPACKET``; nothing on disk, gone
 with the process) named by 16 random bytes it writes into every segment's header after the nonce, so a
 trainer learns it from a segment it has verified. The server serves only peers of its own user
@@ -38,7 +40,7 @@ fails DEADLINE_EXCEEDED as over gRPC.
 References. A segment holds one transfer at a time, from ``HEADER_BYTES`` on: the bytes of a
 ``VariableBatch`` exactly as gRPC would carry them, so ``wire.decode_batch`` validates them exactly as
 it validates a gRPC request. A ``ShmRef`` names (trainer id, incarnation, segment, offset, length, seq)
-and carries ``mac``, HMAC-SHA256 over those fields and the reference's purpose (``send``, ``slot``,
+and carries ``mac``, HMAC-SHA256 over those fields and the reference's purpose (``send``, ``ids``, ``slot``,
 ``reply``), keyed by the job token (or, in a job without one, by a random key the pserver answered in
 ``ShmOpen``). The receiver checks, before it reads a byte of the segment: the MAC (constant-time), the
 trainer's live incarnation, the segment number, ``HEADER_BYTES <= offset``, ``length > 0`` and
@@ -68,6 +70,10 @@ Ownership (the rule that makes reading a view safe):
   trainer then decodes read-only numpy views of it and hands the segment out again only when nothing
   but its pool refers to the segment's array (the reference count says so, as ``stream.ReceiveBuffers``
   does): a value fetched earlier is never overwritten.
+- A prefetch segment holds the trainer's ids (a batch of one message, ``ids`` reference) and, from the
+  same offset, the slot for the rows: the pserver checks both references, copies the ids out (what it
+  validates and looks up is the copy), and only then writes the rows over them; the trainer reads the
+  rows as it reads a get's values.
 """
 from __future__ import annotations
 
@@ -547,7 +553,7 @@ class Progress:
 
 
 class ControlServer:
-    """The pserver's same-host control socket: ShmSend and ShmGet requests (the bytes gRPC would carry,
+    """The pserver's same-host control socket: ShmSend, ShmGet and ShmPrefetch requests (the bytes gRPC would carry,
     after a one-byte method) answered by ``handle(method, request, progress)`` (``CONTROL_OK`` + the reply,
     or ``CONTROL_ERROR`` + ``STATUS\nmessage``), one thread per connected trainer; ``progress`` is a
     ``Progress`` for a pipelined send, else None. Only processes of this user get served (their uid,
