@@ -1,10 +1,12 @@
 """The same-host data plane (runtime/rpc/shm.py) against a real gRPC pserver on 127.0.0.1.
 
-Values travel bit-exactly both ways through shared memory; every bad request of test_server_errors.py
-that a data-plane call can carry gets the same status and changes nothing; forged, truncated, oversized,
-out-of-range, replayed and stale references are refused before a byte is read; segments are removed
-when the trainer's incarnation changes, when it completes, when it is killed, and when the pserver
-stops; ``FLAGS_rpc_data_plane=off`` on either side gives pure gRPC. (The end-to-end trust and fault
+Values travel bit-exactly both ways through shared memory (a distributed table's prefetch too: equal to
+the gRPC prefetch bit for bit, its forged, replayed, stale and out-of-shard requests refused with nothing
+changed, gRPC once the control socket breaks); every bad request of test_server_errors.py that a data-plane
+call can carry gets the same status and changes nothing; forged, truncated, oversized, out-of-range,
+replayed and stale references are refused before a byte is read; segments are removed when the trainer's
+incarnation changes, when it completes, when it is killed, and when the pserver stops;
+``FLAGS_rpc_data_plane=off`` on either side gives pure gRPC. (The end-to-end trust and fault
 tests of test_ps_training.py run over the data plane too: ``DATA_PLANE`` there.)
 """
 from __future__ import annotations
@@ -861,7 +863,8 @@ PREFETCH_REFS: dict[str, tuple[Callable[[TablePServer], pb.ShmPrefetchRequest], 
 
 
 @pytest.mark.parametrize("case", list(PREFETCH_REFS))
-def test_a_bad_prefetch_through_the_data_plane_is_refused_and_changes_nothing(case: str, table_ps: TablePServer) -> None:
+def test_a_bad_prefetch_through_the_data_plane_is_refused_and_changes_nothing(case: str,
+                                                                           table_ps: TablePServer) -> None:
     s = table_ps
     make, status, words = PREFETCH_REFS[case]
     request = make(s)
