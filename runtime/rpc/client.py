@@ -589,10 +589,15 @@ class RPCClient:
     def prefetch(self, requests: Sequence[tuple[str, str, Any, str]]) -> list[Any]:
         """Rows for ``(endpoint, ids_name, ids, table)`` requests, fetched concurrently (one from this thread)."""
         self.wait_sends()
-        if len(requests) == 1:
-            return [self._prefetch_one(*requests[0])]
-        futs = [self._pool.submit(self._prefetch_one, *r) for r in requests]
-        return [f.result() for f in futs]
+        if not requests:
+            return []
+        futs = [self._pool.submit(self._prefetch_one, *r) for r in requests[1:]]
+        try:
+            first = self._prefetch_one(*requests[0])
+        except BaseException:
+            futures.wait(futs)  # nothing of this prefetch is left running
+            raise
+        return [first] + [f.result() for f in futs]
 
     def _prefetch_one(self, endpoint: str, name: str, ids: Any, table: str) -> Any:
         """One pserver's rows for ``ids``: through the data plane once this client knows that prefetch's
