@@ -11,8 +11,12 @@ Invariants:
   top_k grows with k (1M floats: 2 ms at k = 1,024, 19 ms at 4,096, 195 ms at 262,144, measured here;
   ``lax.approx_max_k`` and a per-chunk top-k were no faster on CPU), so the paper's sampling is used
   (O(numel): 9-20 ms for 1M floats, under 1 ms for 64K, whatever k): a strided sample of ~1% of ``|V|`` (at least ``SAMPLE_MIN`` entries), its top ``k * sample/numel``
-  give a threshold, the entries at or above it are taken in index order, truncated or padded to k (padding
-  not sent). The count sent is then at most k, close to k; the entries sent are all above the threshold.
+  give a threshold. When at most k entries are at or above it, they are all taken (in index order, padded to
+  k; padding not sent): at most k sent, close to k. When more pass, the threshold is raised by bisection
+  on the floats' bit patterns (``lax.while_loop`` inside a ``lax.cond``, so only such steps pay for it:
+  one O(numel) count per halving, at most one per bit) to the exact k-th largest value, and exactly the k
+  largest are sent (ties at the k-th value: the first in index order), as the paper's re-selection of the
+  top k among the entries over the threshold. The sent entries are always the largest of ``|V|``.
 - All ranks take the same branch: the step counter is replicated (every rank increments it once a step).
 - ``dgc_allreduce`` sends one collective a step whatever the number of gradients: before rampup one
   fused sum of every gradient, after it one gather of every gradient's (index, value) pairs. With the
@@ -73,8 +77,37 @@ def select_top_k(a: Any, k: int) -> tuple[Any, Any]:
     ks = max(1, math.ceil(k * samples / n))
     threshold = lax.top_k(a[::stride][:samples], ks)[0][-1]
     above = a >= threshold
-    idx = jnp.nonzero(above, size=k, fill_value=0)[0].astype(jnp.int32)
-    return idx, jnp.arange(k) < jnp.sum(above)
+    count = jnp.sum(above, dtype=jnp.int32)
+    keep, count = lax.cond(count > k, lambda: _top_k_mask(a, threshold, k), lambda: (above, count))
+    idx = jnp.nonzero(keep, size=k, fill_value=0)[0].astype(jnp.int32)
+    return idx, jnp.arange(k) < count
+
+
+def _top_k_mask(a: Any, threshold: Any, k: int) -> tuple[Any, Any]:
+    """(mask, k) of exactly the ``k`` largest entries of the flat ``a >= 0`` (ties: the first in index
+    order), given ``threshold`` with more than ``k`` entries at or above it. Bisection of the threshold on
+    the floats' bit patterns (non-negative floats order as their bits do): ``lo`` keeps more than ``k``,
+    ``hi`` at most ``k``, until they are adjacent; at most one pass over ``a`` per bit (32 for float32)."""
+    itype = jnp.dtype(f"int{8 * a.dtype.itemsize}")
+    bits = lax.bitcast_convert_type(a, itype)
+    limit = jnp.asarray(k, jnp.int32)
+
+    def wide(s: tuple[Any, Any]) -> Any:
+        return s[1] - s[0] > 1
+
+    def halve(s: tuple[Any, Any]) -> tuple[Any, Any]:
+        lo, hi = s
+        mid = lo + (hi - lo) // 2
+        over = jnp.sum(bits >= mid, dtype=jnp.int32) > limit
+        return jnp.where(over, mid, lo), jnp.where(over, hi, mid)
+
+    start = (lax.bitcast_convert_type(threshold, itype), jnp.max(bits) + 1)
+    lo, hi = lax.while_loop(wide, halve, start)
+    top = bits >= hi
+    ties = bits == lo  # every entry in [lo, hi): the k-th largest value
+    room = limit - jnp.sum(top, dtype=jnp.int32)
+    keep = top | (ties & (jnp.cumsum(ties, dtype=jnp.int32) <= room))
+    return keep, limit
 
 
 def _clip(g: Any, attrs: dict[str, Any]) -> Any:

@@ -2,7 +2,8 @@
 ``DGCMomentumOptimizer`` appends them, against the numpy reference (``tests.runtime.dgc_reference``), with a
 group of one and with two trainers (``jax.vmap`` with a named axis stands for the shard_map'd step: the
 exchange's ``psum``/``all_gather`` run over it), through the rampup and past it, float64 (tolerance 1e-12).
-Also: top-k selection (exact and sampled) keeps the largest entries, the residual keeps exactly what was
+Also: top-k selection (exact and sampled) keeps the largest entries (sampled: also when more than k
+entries pass the sample's threshold, and with ties), the residual keeps exactly what was
 not sent, the schedule's arithmetic, the local clip, ``c_allgather``, and the schemas' checks."""
 from __future__ import annotations
 
@@ -143,6 +144,33 @@ def test_select_top_k_keeps_the_largest() -> None:
     assert bool(np.all(np.asarray(valid)))
     idx, valid = dgc_kernels.select_top_k(a, 1000)  # k = numel: everything, in order
     assert np.asarray(idx).tolist() == list(range(1000)) and bool(np.all(np.asarray(valid)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sampled_selection_keeps_the_largest_when_too_many_pass(dtype: Any) -> None:
+    """k above EXACT_K_MAX: the sample's threshold (its entries made small on purpose) lets about half of
+    the entries pass, the largest ones late in index order; the kept k are exactly the k largest."""
+    n, k = 100_000, 4096
+    assert k > dgc_kernels.EXACT_K_MAX
+    rng = np.random.default_rng(11)
+    a = (rng.permutation(n) / n).astype(dtype)  # distinct values
+    stride = n // max(dgc_kernels.SAMPLE_MIN, int(n * dgc_kernels.SAMPLE_FRACTION))
+    a[::stride] *= dtype(0.5)  # the sample sees values in [0, 0.5): threshold ~0.48
+    a[n // 2:] += dtype(1.0)  # the largest entries come last
+    idx, valid = dgc_kernels.select_top_k(jnp.asarray(a), k)
+    assert bool(np.all(np.asarray(valid)))
+    assert sorted(np.asarray(idx).tolist()) == sorted(np.argsort(-a, kind="stable")[:k].tolist())
+
+
+def test_sampled_selection_with_ties_keeps_exactly_k() -> None:
+    n, k = 50_000, 3000
+    a = np.ones(n, np.float32)
+    a[-10:] = 2.0
+    idx, valid = dgc_kernels.select_top_k(jnp.asarray(a), k)
+    idx = np.asarray(idx)[np.asarray(valid)]
+    assert len(idx) == k and len(set(idx.tolist())) == k
+    assert set(range(n - 10, n)) <= set(idx.tolist())  # the 10 largest, then ties in index order
+    assert sorted(idx.tolist())[:k - 10] == list(range(k - 10))
 
 
 def test_k_and_schedule() -> None:
