@@ -13,10 +13,12 @@ Invariants:
   (O(numel): 9-20 ms for 1M floats, under 1 ms for 64K, whatever k): a strided sample of ~1% of ``|V|`` (at least ``SAMPLE_MIN`` entries), its top ``k * sample/numel``
   give a threshold. When at most k entries are at or above it, they are all taken (in index order, padded to
   k; padding not sent): at most k sent, close to k. When more pass, the threshold is raised by bisection
-  on the floats' bit patterns (``lax.while_loop`` inside a ``lax.cond``, so only such steps pay for it:
-  one O(numel) count per halving, at most one per bit) to the exact k-th largest value, and exactly the k
+  on the floats' bit patterns (``lax.while_loop`` in a ``lax.switch`` branch, so only such steps pay for
+  it: one count per halving, at most one per bit) to the exact k-th largest value, and exactly the k
   largest are sent (ties at the k-th value: the first in index order), as the paper's re-selection of the
-  top k among the entries over the threshold. The sent entries are always the largest of ``|V|``.
+  top k among the entries over the threshold. The bisection runs over the candidates compacted into a
+  buffer of ``CANDIDATES_PER_K * k`` (``lax.switch`` on the count), over all of ``|V|`` only when even
+  more pass. The sent entries are always the largest of ``|V|``.
 - All ranks take the same branch: the step counter is replicated (every rank increments it once a step).
 - ``dgc_allreduce`` sends one collective a step whatever the number of gradients: before rampup one
   fused sum of every gradient, after it one gather of every gradient's (index, value) pairs. With the
@@ -41,6 +43,7 @@ from runtime.kernels.registry import Ins, kernel, one
 EXACT_K_MAX = 2048
 SAMPLE_MIN = 2048
 SAMPLE_FRACTION = 0.01
+CANDIDATES_PER_K = 2
 
 
 def stage_branch(step: Any, begin: int, rampup_step: int, table: list[int]) -> Any:
@@ -78,18 +81,34 @@ def select_top_k(a: Any, k: int) -> tuple[Any, Any]:
     threshold = lax.top_k(a[::stride][:samples], ks)[0][-1]
     above = a >= threshold
     count = jnp.sum(above, dtype=jnp.int32)
-    keep, count = lax.cond(count > k, lambda: _top_k_mask(a, threshold, k), lambda: (above, count))
-    idx = jnp.nonzero(keep, size=k, fill_value=0)[0].astype(jnp.int32)
-    return idx, jnp.arange(k) < count
+    cap = min(n, CANDIDATES_PER_K * k)
+
+    def all_above() -> tuple[Any, Any]:  # at most k: all of them
+        return jnp.nonzero(above, size=k, fill_value=0)[0].astype(jnp.int32), jnp.arange(k) < count
+
+    def among_candidates() -> tuple[Any, Any]:  # k < count <= cap: re-select among them, compacted
+        cand = jnp.nonzero(above, size=cap, fill_value=0)[0]
+        bits = jnp.where(jnp.arange(cap) < count, _bits(a)[cand], -1)  # padding: below every entry
+        keep = _top_k_mask(bits, _bits(threshold), k)
+        return cand[jnp.nonzero(keep, size=k, fill_value=0)[0]].astype(jnp.int32), jnp.ones((k,), bool)
+
+    def whole() -> tuple[Any, Any]:  # more than cap (a badly low sample): re-select over all of a
+        keep = _top_k_mask(_bits(a), _bits(threshold), k)
+        return jnp.nonzero(keep, size=k, fill_value=0)[0].astype(jnp.int32), jnp.ones((k,), bool)
+
+    branch = (count > k).astype(jnp.int32) + (count > cap).astype(jnp.int32)
+    return lax.switch(branch, [all_above, among_candidates, whole])
 
 
-def _top_k_mask(a: Any, threshold: Any, k: int) -> tuple[Any, Any]:
-    """(mask, k) of exactly the ``k`` largest entries of the flat ``a >= 0`` (ties: the first in index
-    order), given ``threshold`` with more than ``k`` entries at or above it. Bisection of the threshold on
-    the floats' bit patterns (non-negative floats order as their bits do): ``lo`` keeps more than ``k``,
-    ``hi`` at most ``k``, until they are adjacent; at most one pass over ``a`` per bit (32 for float32)."""
-    itype = jnp.dtype(f"int{8 * a.dtype.itemsize}")
-    bits = lax.bitcast_convert_type(a, itype)
+def _bits(a: Any) -> Any:
+    """The bit patterns of floats ``a >= 0`` as signed ints of their width: they order as the floats."""
+    return lax.bitcast_convert_type(a, jnp.dtype(f"int{8 * a.dtype.itemsize}"))
+
+
+def _top_k_mask(bits: Any, lo: Any, k: int) -> Any:
+    """The mask of exactly the ``k`` largest of ``bits`` (ties at the k-th: the first in index order),
+    given ``lo`` with more than ``k`` entries at or above it. Bisection: ``lo`` keeps more than ``k``,
+    ``hi`` at most ``k``, until they are adjacent; one pass over ``bits`` per halving, at most one per bit."""
     limit = jnp.asarray(k, jnp.int32)
 
     def wide(s: tuple[Any, Any]) -> Any:
@@ -101,13 +120,11 @@ def _top_k_mask(a: Any, threshold: Any, k: int) -> tuple[Any, Any]:
         over = jnp.sum(bits >= mid, dtype=jnp.int32) > limit
         return jnp.where(over, mid, lo), jnp.where(over, hi, mid)
 
-    start = (lax.bitcast_convert_type(threshold, itype), jnp.max(bits) + 1)
-    lo, hi = lax.while_loop(wide, halve, start)
+    lo, hi = lax.while_loop(wide, halve, (lo.astype(bits.dtype), jnp.max(bits) + 1))
     top = bits >= hi
     ties = bits == lo  # every entry in [lo, hi): the k-th largest value
     room = limit - jnp.sum(top, dtype=jnp.int32)
-    keep = top | (ties & (jnp.cumsum(ties, dtype=jnp.int32) <= room))
-    return keep, limit
+    return top | (ties & (jnp.cumsum(ties, dtype=jnp.int32) <= room))
 
 
 def _clip(g: Any, attrs: dict[str, Any]) -> Any:

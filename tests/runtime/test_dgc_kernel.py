@@ -7,6 +7,7 @@ entries pass the sample's threshold, and with ties), the residual keeps exactly 
 not sent, the schedule's arithmetic, the local clip, ``c_allgather``, and the schemas' checks."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -147,19 +148,24 @@ def test_select_top_k_keeps_the_largest() -> None:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_sampled_selection_keeps_the_largest_when_too_many_pass(dtype: Any) -> None:
-    """k above EXACT_K_MAX: the sample's threshold (its entries made small on purpose) lets about half of
-    the entries pass, the largest ones late in index order; the kept k are exactly the k largest."""
+@pytest.mark.parametrize("passing", [6000, 50_000])  # <= 2k: among the compacted candidates; more: all of a
+def test_sampled_selection_keeps_the_largest_when_too_many_pass(dtype: Any, passing: int) -> None:
+    """k above EXACT_K_MAX: the sample's threshold (1.0, by construction) lets ``passing`` > k entries
+    through, increasing in index order (the first k in index order would be the smallest); the kept k are
+    exactly the k largest."""
     n, k = 100_000, 4096
-    assert k > dgc_kernels.EXACT_K_MAX
-    rng = np.random.default_rng(11)
-    a = (rng.permutation(n) / n).astype(dtype)  # distinct values
-    stride = n // max(dgc_kernels.SAMPLE_MIN, int(n * dgc_kernels.SAMPLE_FRACTION))
-    a[::stride] *= dtype(0.5)  # the sample sees values in [0, 0.5): threshold ~0.48
-    a[n // 2:] += dtype(1.0)  # the largest entries come last
+    assert k > dgc_kernels.EXACT_K_MAX and k < passing
+    samples = max(dgc_kernels.SAMPLE_MIN, int(n * dgc_kernels.SAMPLE_FRACTION))
+    sampled = np.arange(0, n, n // samples)[:samples]
+    ks = math.ceil(k * samples / n)
+    a = np.zeros(n, dtype)
+    a[sampled[:ks]] = 1.0  # the sample's top ks: threshold 1.0
+    free = np.setdiff1d(np.arange(n), sampled)
+    chosen = np.sort(np.random.default_rng(11).choice(free, passing - ks, replace=False))
+    a[chosen] = 1.0 + np.arange(1, len(chosen) + 1) / len(chosen)  # distinct, the largest last
     idx, valid = dgc_kernels.select_top_k(jnp.asarray(a), k)
     assert bool(np.all(np.asarray(valid)))
-    assert sorted(np.asarray(idx).tolist()) == sorted(np.argsort(-a, kind="stable")[:k].tolist())
+    assert sorted(np.asarray(idx).tolist()) == sorted(np.argsort(-a)[:k].tolist())
 
 
 def test_sampled_selection_with_ties_keeps_exactly_k() -> None:
