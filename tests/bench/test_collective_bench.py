@@ -26,8 +26,33 @@ def test_options() -> None:
     assert not cb.parse_args([]).vs_torch
 
 
+def test_dgc_options() -> None:
+    args = cb.parse_args(["--dgc"])
+    assert (args.dgc, args.dgc_steps, args.dgc_lr, args.dgc_clip, args.dgc_nesterov) == (True, 300, 0.01, 1.0, True)
+    args = cb.parse_args(["--dgc", "--dgc-clip", "0", "--no-dgc-nesterov"])
+    assert (args.dgc_clip, args.dgc_nesterov) == (0.0, False)
+
+
+def test_dgc_variants_start_from_the_same_parameters() -> None:
+    """The reference values cover every parameter of a dense and a DGC build, with their shapes, and do
+    not depend on the build (the variants' own startup programs would draw other values)."""
+    from examples.transformer import train
+    from flotilla.fluid import optimizer
+
+    args = train.parse_args(["--batch-size", "32", "--layers", "1"])
+    first, again = cb._initial_parameters(args), cb._initial_parameters(args)
+    for make in (lambda: optimizer.Momentum(0.01, 0.9),
+                 lambda: optimizer.DGCMomentumOptimizer(0.01, 0.9, rampup_begin_step=0)):
+        params = cb._dgc_model(args, make).main.all_parameters()
+        assert sorted(first) == sorted(p.name for p in params)
+        assert all(first[p.name].shape == tuple(p.shape) for p in params)
+    assert all((first[k] == again[k]).all() for k in first) and first["word_emb"].std() > 0.01
+
+
 @pytest.mark.parametrize("argv, message", [(["--plot", "out.svg"], "ending in .png"),
-                                           (["--rounds", "0"], "--rounds must be >= 1")])
+                                           (["--rounds", "0"], "--rounds must be >= 1"),
+                                           (["--dgc-clip", "-1"], "--dgc-clip >= 0"),
+                                           (["--dgc-lr", "0"], "--dgc-lr > 0")])
 def test_bad_options_name_the_problem(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cb.parse_args(argv)

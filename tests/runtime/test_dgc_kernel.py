@@ -2,10 +2,12 @@
 ``DGCMomentumOptimizer`` appends them, against the numpy reference (``tests.runtime.dgc_reference``), with a
 group of one and with two trainers (``jax.vmap`` with a named axis stands for the shard_map'd step: the
 exchange's ``psum``/``all_gather`` run over it), through the rampup and past it, float64 (tolerance 1e-12).
-Also: top-k selection (exact and sampled) keeps the largest entries, the residual keeps exactly what was
+Also: top-k selection (exact and sampled) keeps the largest entries (sampled: also when more than k
+entries pass the sample's threshold, and with ties), the residual keeps exactly what was
 not sent, the schedule's arithmetic, the local clip, ``c_allgather``, and the schemas' checks."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -143,6 +145,39 @@ def test_select_top_k_keeps_the_largest() -> None:
     assert bool(np.all(np.asarray(valid)))
     idx, valid = dgc_kernels.select_top_k(a, 1000)  # k = numel: everything, in order
     assert np.asarray(idx).tolist() == list(range(1000)) and bool(np.all(np.asarray(valid)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("passing", [6000, 50_000])  # <= 2k: among the compacted candidates; more: all of a
+def test_sampled_selection_keeps_the_largest_when_too_many_pass(dtype: Any, passing: int) -> None:
+    """k above EXACT_K_MAX: the sample's threshold (1.0, by construction) lets ``passing`` > k entries
+    through, increasing in index order (the first k in index order would be the smallest); the kept
+    entries (k - k/RESELECT_SLACK to k of them) are the largest."""
+    n, k = 100_000, 4096
+    assert k > dgc_kernels.EXACT_K_MAX and k < passing
+    samples = max(dgc_kernels.SAMPLE_MIN, int(n * dgc_kernels.SAMPLE_FRACTION))
+    sampled = np.arange(0, n, n // samples)[:samples]
+    ks = math.ceil(k * samples / n)
+    a = np.zeros(n, dtype)
+    a[sampled[:ks]] = 1.0  # the sample's top ks: threshold 1.0
+    free = np.setdiff1d(np.arange(n), sampled)
+    chosen = np.sort(np.random.default_rng(11).choice(free, passing - ks, replace=False))
+    a[chosen] = 1.0 + np.arange(1, len(chosen) + 1) / len(chosen)  # distinct, the largest last
+    idx, valid = dgc_kernels.select_top_k(jnp.asarray(a), k)
+    kept = np.asarray(idx)[np.asarray(valid)]
+    assert k - k // dgc_kernels.RESELECT_SLACK <= len(kept) <= k and len(set(kept.tolist())) == len(kept)
+    assert sorted(kept.tolist()) == sorted(np.argsort(-a)[:len(kept)].tolist())
+
+
+def test_sampled_selection_with_ties_keeps_exactly_k() -> None:
+    n, k = 50_000, 3000
+    a = np.ones(n, np.float32)
+    a[-10:] = 2.0
+    idx, valid = dgc_kernels.select_top_k(jnp.asarray(a), k)
+    idx = np.asarray(idx)[np.asarray(valid)]
+    assert len(idx) == k and len(set(idx.tolist())) == k
+    assert set(range(n - 10, n)) <= set(idx.tolist())  # the 10 largest, then ties in index order
+    assert sorted(idx.tolist())[:k - 10] == list(range(k - 10))
 
 
 def test_k_and_schedule() -> None:
