@@ -14,8 +14,13 @@ Guarantees:
   ``N**-0.5`` and the runtime's group-size check read it), ``ring_id`` on the exchange is 0;
 - ``grad_allreduce`` (run after this pass) leaves these gradients alone (it finds them by the ``dgc``
   ops that read them).
+- the gradient a ``dgc`` op reads is the backward pass's own (written by a backward op): a clip or
+  regularization op in front of it would leave the raw gradient to ``grad_allreduce``, which would then
+  average it densely as well (all of dense allreduce's bytes, and DGC's on top). DGC clips locally
+  (``local_grad_clip_norm``), as the paper does.
 A program without ``dgc`` ops is left unchanged (returns False). Raises ``PassError`` E773 when the ops
-are not wired as above, E774 for DGC under ``local_sgd``.
+are not wired as above, E774 for DGC under ``local_sgd``, E776 for a gradient clipped or regularized in
+front of its ``dgc`` op.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 
 from ir.core import Block, Program
 from ir.program_set import ProgramRole, ProgramSet
+from ir.roles import OP_ROLE_ATTR, OpRole
 
 from passes.collective_plan import GRAD_ALLREDUCE
 from passes.pass_base import Pass, PassContext, PassError
@@ -69,6 +75,27 @@ def check_wiring(block: Block) -> None:
                 raise _wiring_error(f"dgc_momentum (op {i}) reads {g!r} before a dgc_allreduce exchanges it")
 
 
+def check_raw_gradients(block: Block) -> None:
+    """Raise E776 unless every ``dgc`` op of ``block`` reads a gradient its last writer wrote in the backward
+    pass (see the module docstring)."""
+    writer: dict[str, int] = {}
+    for i, op in enumerate(block.ops):
+        if op.type == ENCODE_OP:
+            g = op.input("Grad")[0]
+            w = writer.get(g)
+            if w is not None and int(block.ops[w].attr(OP_ROLE_ATTR, 0)) & OpRole.BACKWARD:
+                continue
+            what = f"op {w} ({block.ops[w].type})" if w is not None else "no op"
+            raise PassError(f"dgc (op {i}) compresses {g!r}, which {what} computes after the backward pass "
+                            "(gradient clipping or regularization): the gradient allreduce would then average the "
+                            "raw gradient densely too, so DGC would send more than dense training",
+                            hint="clip with DGCMomentumOptimizer(local_grad_clip_norm=...) and leave grad_clip, "
+                                 "set_gradient_clip and regularization off the parameters DGC compresses",
+                            code="E776")
+        for n in op.output_arg_names:
+            writer[n] = i
+
+
 @dataclass(frozen=True)
 class DGC(Pass):
     """See the module docstring."""
@@ -87,6 +114,7 @@ class DGC(Pass):
                             code="E774")
         block = main.global_block()
         check_wiring(block)
+        check_raw_gradients(block)
         for op in block.ops:
             if op.type in (ENCODE_OP, EXCHANGE_OP):
                 op.set_attr("nranks", plan.nranks)
@@ -95,4 +123,4 @@ class DGC(Pass):
         return True
 
 
-__all__ = ["DGC", "DGC_OPS", "ENCODE_OP", "EXCHANGE_OP", "UPDATE_OP", "check_wiring", "has_dgc"]
+__all__ = ["DGC", "DGC_OPS", "ENCODE_OP", "EXCHANGE_OP", "UPDATE_OP", "check_raw_gradients", "check_wiring", "has_dgc"]

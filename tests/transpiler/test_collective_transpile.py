@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from flotilla.fluid import layers, optimizer, clip
+from flotilla.fluid import clip, layers, optimizer, regularizer
 from ir.core import Program, program_guard
 from ir.names import unique_name
 from flotilla.fluid.param_attr import ParamAttr
@@ -211,6 +211,21 @@ def test_dgc_pass_refuses_broken_wiring() -> None:
     block = main.global_block()
     block.remove_op(next(i for i, op in enumerate(block.ops) if op.type == "dgc_allreduce"))
     expect_error(lambda: collective(main, startup), "E773", "is encoded by dgc (op")
+
+
+@pytest.mark.parametrize("extra", ["clip", "regularization"])
+def test_dgc_refuses_a_gradient_changed_after_the_backward_pass(extra: str) -> None:
+    # A clipped or regularized gradient in front of dgc would leave the raw one to the dense allreduce.
+    main, startup = Program(), Program()
+    with unique_name.guard(), program_guard(main, startup):
+        x = layers.data(name="x", shape=[256], dtype="float32")
+        loss = layers.mean(layers.fc(input=x, size=64, param_attr=ParamAttr(name="big")))
+        if extra == "clip":
+            clip.set_gradient_clip(clip.GradientClipByGlobalNorm(1.0))
+        optimizer.DGCMomentumOptimizer(0.1, 0.9, rampup_begin_step=0,
+                                       regularization=regularizer.L2Decay(0.01) if extra == "regularization"
+                                       else None).minimize(loss)
+    expect_error(lambda: collective(main, startup), "E776", "dgc (op")
 
 
 def test_dgc_refused_in_pserver_mode() -> None:
