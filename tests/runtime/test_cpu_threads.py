@@ -55,3 +55,17 @@ def _threads_with_pjrt_nproc(n: int) -> int:
 def test_xla_sizes_its_cpu_thread_pools_by_pjrt_nproc_set_in_process() -> None:
     # If a JAX upgrade stops reading PJRT_NPROC, the per-trainer default silently stops applying: fail here.
     assert _threads_with_pjrt_nproc(5) - _threads_with_pjrt_nproc(1) >= 4
+
+
+def test_joining_sets_pjrt_nproc_to_the_share_unless_the_user_set_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import collective
+
+    for name in ("PJRT_NPROC", "NPROC", THREADS_ENV, "JAX_PLATFORMS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(collective.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(collective, "_has_gpu_platform", lambda: False)
+    collective._limit_cpu_threads(1, LOCAL4[:2])
+    assert collective.os.environ["PJRT_NPROC"] == "2"
+    monkeypatch.setenv("PJRT_NPROC", "3")
+    collective._limit_cpu_threads(1, LOCAL4[:2])
+    assert collective.os.environ["PJRT_NPROC"] == "3"
