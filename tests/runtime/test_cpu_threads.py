@@ -61,7 +61,8 @@ def test_joining_sets_pjrt_nproc_to_the_share_unless_the_user_set_one(monkeypatc
     from runtime import collective
 
     for name in ("PJRT_NPROC", "NPROC", THREADS_ENV, "JAX_PLATFORMS"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so what the join sets is undone after the test
+        monkeypatch.delenv(name)
     monkeypatch.setattr(collective.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     monkeypatch.setattr(collective, "_has_gpu_platform", lambda: False)
     collective._limit_cpu_threads(1, LOCAL4[:2])
