@@ -58,10 +58,14 @@ or without ``--vs-torch`` the torch column holds the figures recorded here befor
 marked "NOT MEASURED IN THIS RUN". ``--plot FILE.png`` draws (b)'s examples/s against the process count
 for both systems (matplotlib, also in the extra; skipped, saying so, without it).
 
-Fair threads: a Flotilla process's XLA CPU client sizes its intra-op pool to the CPUs the process may
-run on; each torch process gets as many intra-op threads (``torch.set_num_threads``, ``fair_threads``)
-and waits passively at OpenMP barriers (``TORCH_OMP_WAIT_POLICY``; torch's default spinning collapses on
-a loaded machine). Workers of both systems start alike otherwise, with this process's environment.
+Fair threads: each system runs with the thread rule its user gets by default. A Flotilla process alone
+(1 process) sizes XLA's CPU pools to the CPUs it may run on; a Flotilla trainer of a group sizes them to
+its share, those CPUs over the trainers of its host (``runtime.collective``, ``FLAGS_cpu_threads_per_trainer``
+auto: 1 each for 2 trainers on 2 cores; a user gets the same from ``flotilla launch``). Each torch process
+gets every CPU it may run on as intra-op threads (``torch.set_num_threads``, ``fair_threads``: torch's
+own default sizes to the cores alike, 1 process or DDP) and waits passively at OpenMP barriers
+(``TORCH_OMP_WAIT_POLICY``; torch's default spinning collapses on a loaded machine). Workers of both
+systems start alike otherwise, with this process's environment.
 
 Timings take the median of repeated runs after warm-up (compilation excluded). ``--quick`` runs fewer
 repetitions; its figures say so and are not comparable with a full run.
@@ -590,9 +594,9 @@ def torch_version() -> str | None:
 
 
 def fair_threads() -> int:
-    """Intra-op threads of a torch process: the CPUs this process may run on, which is what XLA's CPU
-    client sizes each Flotilla process's intra-op (Eigen) pool to; the bench starts both systems' workers
-    alike, so each process of either may use every core."""
+    """Intra-op threads of a torch process: the CPUs this process may run on (torch's own default sizes
+    to the cores alike, alone or under DDP), which is what XLA's CPU client sizes a lone Flotilla process's
+    pools to; a Flotilla trainer of a group takes its share by default (see "Fair threads" above)."""
     return len(os.sched_getaffinity(0))
 
 
