@@ -105,7 +105,15 @@ def geo_updates_name(table: str) -> str:
     """Geo-SGD: what a trainer fetches from a pserver to get the rows of its shard of distributed table
     ``table`` that changed since this trainer last fetched them (``table@GEO_UPDATES``, served as
     selected rows with global row ids; not a variable of any program)."""
-    return f"{table}@GEO_UPDATES"
+    return f"{table}{GEO_UPDATES_SUFFIX}"
+
+
+GEO_UPDATES_SUFFIX = "@GEO_UPDATES"
+
+
+def is_geo_updates_name(name: str) -> bool:
+    """Whether ``name`` is a ``geo_updates_name``: a reply of any size up to its table's shard."""
+    return name.endswith(GEO_UPDATES_SUFFIX)
 
 
 def geo_touched_name(table: str) -> str:

@@ -491,8 +491,9 @@ class Executor:
 
     def _run_parallel(self, scope: Scope, block: Block, step: _PureRun, mesh: Any, plan: _Plan) -> Any:
         def arg(name: str, donate: bool) -> Any:
-            value = mesh.to_global(self._read(scope, block, step, name, local=False), name in step.batch)
-            if name in plan.persistable:
+            held = self._read(scope, block, step, name, local=False)
+            value = mesh.to_global(held, name in step.batch)
+            if value is not held and name in plan.persistable:
                 scope.set_var(name, value)  # keep the global array: the next step takes it as it is
             return value
 

@@ -62,6 +62,7 @@ import grpc
 import numpy as np
 
 from ir.errors import FlotillaError
+from ir.names import is_geo_updates_name
 from runtime import malloc
 from runtime.flags import RPCSecurity, data_plane_mode, flag, rpc_security
 from runtime.rpc import send_recv_pb2 as pb
@@ -345,12 +346,17 @@ class RPCClient:
         by_endpoint: dict[str, list[int]] = {}
         streamed: list[int] = []
         shm: dict[str, list[int]] = {}
+        alone: list[int] = []
         for i, (ep, name) in enumerate(requests):
             size = self._sizes.get(name, 0)
             if size >= self.shm_threshold and self._plane(ep) is not None:
                 shm.setdefault(ep, []).append(i)
             elif size >= STREAM_THRESHOLD:
                 streamed.append(i)
+            elif is_geo_updates_name(name):
+                # Its size is that of the last reply, but the pserver bounds a request by the whole table
+                # shard: in a batch with the parameters it could exceed the reply limit.
+                alone.append(i)
             else:
                 by_endpoint.setdefault(ep, []).append(i)
         for ep, idx in list(by_endpoint.items()):
@@ -362,12 +368,13 @@ class RPCClient:
                 if not by_endpoint[ep]:
                     del by_endpoint[ep]
         values: list[Any] = [None] * len(requests)
-        if len(shm) == 1 and not streamed and not by_endpoint:  # one fetch: no hop to the pool
+        if len(shm) == 1 and not streamed and not by_endpoint and not alone:  # one fetch: no hop to the pool
             (ep, idx), = shm.items()
             got = self._get_shm(ep, [requests[i][1] for i in idx])
             return got if got is not None else [self._get_one(ep, requests[i][1]) for i in idx]
         shm_jobs = {ep: self._pool.submit(self._get_shm, ep, [requests[i][1] for i in idx]) for ep, idx in shm.items()}
         stream_jobs = [self._pool.submit(self._get_streamed, *requests[i]) for i in streamed]
+        alone_jobs = [self._pool.submit(self._get_one, *requests[i]) for i in alone]
         jobs = []
         for ep, idx in by_endpoint.items():
             names = [requests[i][1] for i in idx]
@@ -386,7 +393,7 @@ class RPCClient:
             for i, d in zip(idx, decoded):
                 values[i] = d.value
                 self._sizes[d.name] = d.value.nbytes if hasattr(d.value, "nbytes") else 0
-        for i, fut in zip(streamed, stream_jobs):
+        for i, fut in zip(streamed + alone, stream_jobs + alone_jobs):
             values[i] = fut.result()
         for ep, job in shm_jobs.items():
             got = job.result()
@@ -403,6 +410,7 @@ class RPCClient:
         if decoded.name != name:
             raise RPCError(f"trainer {self.trainer_id}: GetVariable of {name!r} from pserver {endpoint} answered "
                            f"{decoded.name!r}", hint="the pserver runs a different program version")
+        self._sizes[name] = decoded.value.nbytes if hasattr(decoded.value, "nbytes") else 0
         return decoded.value
 
     # --- the same-host data plane (runtime.rpc.shm)

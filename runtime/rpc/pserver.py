@@ -562,7 +562,7 @@ class PServer:
         out = []
         for name in names:
             if name in self._geo_updates:
-                out.append(encode(name, self._take_geo_updates(trainer_id, self._geo_updates[name])))
+                out.append(self._take_geo_updates(trainer_id, name, encode))
                 continue
             with self._writer_lock.get(name) or _NO_LOCK:
                 value = self._value_of(name)
@@ -576,17 +576,21 @@ class PServer:
         under the same locks, and must copy the value (e.g. ``runtime.rpc.stream.encode_chunks``)."""
         return self.get_many(trainer_id, [name], encode)[0]
 
-    def _take_geo_updates(self, trainer_id: int, table: str) -> SelectedRows:
-        """Geo-SGD: the rows of ``table``'s shard that changed since trainer ``trainer_id`` last took them, as
-        selected rows with global ids (the whole table's height); they count as taken."""
+    def _take_geo_updates(self, trainer_id: int, name: str, encode: Callable[[str, Any], Any]) -> Any:
+        """Geo-SGD: ``encode`` of the rows of the table's shard that changed since trainer ``trainer_id`` last
+        took them (``name`` is the table's updates name), as selected rows with global ids (the whole table's
+        height). They count as taken only once encoded: an encoder that refuses (a data-plane slot too
+        small: the trainer asks again with a larger one) loses no update."""
+        table = self._geo_updates[name]
         n, me = self.config.pservers, self.config.pserver_id
         height = self.program.global_block().var(self._delta_of_table[table]).shape[0]
         with self._writer_lock.get(table) or _NO_LOCK:
             changed = self._geo_changed[table][trainer_id]
             rows = np.flatnonzero(changed)
-            changed[rows] = False
             values = gather_rows(self._value_of(table), rows)  # a copy: the next update donates the shard
-        return SelectedRows(rows.astype(np.int64) * n + me, values, height)
+            encoded = encode(name, SelectedRows(rows.astype(np.int64) * n + me, values, height))
+            changed[rows] = False
+        return encoded
 
     def _reply_bytes(self, name: str) -> int:
         """The bytes ``name``'s value takes on the wire (a geo-SGD update: at most its whole table)."""

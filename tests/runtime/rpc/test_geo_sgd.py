@@ -217,7 +217,7 @@ def test_geo_sync_refuses_ids_outside_the_table() -> None:
 
 
 def test_a_pserver_answers_each_trainer_the_table_rows_changed_since_its_last_fetch() -> None:
-    from runtime.rpc.pserver import PServerError
+    from runtime.rpc.pserver import PServerError, Status
     from runtime.rpc.wire import WireError, decode_variable, encode_variable
     from runtime.scope import SelectedRows
     from tests.runtime.rpc.conftest import inc
@@ -247,6 +247,12 @@ def test_a_pserver_answers_each_trainer_the_table_rows_changed_since_its_last_fe
         np.testing.assert_allclose(values, expected[[3, 7, 9]], rtol=1e-6)
         assert updates(trainer)[0] == []
     push(0, 2, [20], -1.0)
+
+    def refuse(name: str, value: object) -> bytes:
+        raise PServerError(Status.RESOURCE_EXHAUSTED, "the slot is too small")
+
+    with pytest.raises(PServerError, match="too small"):  # an encoder that refuses takes nothing
+        ps.get_many(1, ["table@GEO_UPDATES"], encode=refuse)
     assert updates(1)[0] == [20] and updates(0)[0] == [20]
 
     # Garbage is refused with the table untouched and nothing recorded.
