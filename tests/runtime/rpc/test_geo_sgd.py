@@ -289,3 +289,37 @@ def test_a_geo_trainer_checkpoints_through_its_pservers_without_its_snapshots() 
     table_trainer = geo_ctr().get_trainer_program()
     local = {v.name for v in io._trainer_local_vars(table_trainer)}
     assert "table_moment1_0" in local and not {"table", "table@GEO_SNAPSHOT", "table@GEO_TOUCHED"} & local
+
+
+def test_a_client_fetches_the_table_updates_alone_within_the_reply_limit() -> None:
+    """The pserver bounds a fetch of ``table@GEO_UPDATES`` by its whole shard, whatever the last reply was:
+    batched with the parameters it could pass the reply limit (RESOURCE_EXHAUSTED), so the client fetches it
+    in a call of its own. Here the limit leaves room for the shard and nothing else."""
+    import runtime
+    from runtime.rpc.client import RPCClient
+    from runtime.rpc.pserver import PServer
+    from runtime.rpc.server import start_server
+    from runtime.scope import Scope, SelectedRows
+    from tests.runtime.rpc.conftest import free_port, inc, listen_op
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    prog, pstartup = small_table_geo(1, endpoint).get_pserver_programs(endpoint)
+    pexe, pscope = runtime.Executor(), Scope()
+    pexe.run(pstartup, scope=pscope)
+    pserver = PServer(prog, pscope, listen_op(prog), lambda idx, s: pexe.run_block(prog, idx, s))
+    limit = pserver._reply_bytes("table@GEO_UPDATES") + 64  # the shard bound; not the fc's weights as well
+    server = start_server(pserver, endpoint, limit)
+    client = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="off")
+    methods: list[str] = []
+    retried = client._retried
+    client._retried = lambda ep, method, what, invoke: methods.append(method) or retried(ep, method, what, invoke)
+    pairs = [(endpoint, "fc_w"), (endpoint, "table@GEO_UPDATES")]
+    try:
+        for _ in range(2):  # the second time the client knows both (small) sizes
+            fc_w, updates = client.get(pairs)
+            np.testing.assert_array_equal(fc_w, np.asarray(pscope.find_var("fc_w")))
+            assert isinstance(updates, SelectedRows) and np.asarray(updates.rows).size == 0
+        assert "GetVariables" not in methods and methods.count("GetVariable") == 4
+    finally:
+        client.close()
+        server.stop(grace=None).wait(5.0)
