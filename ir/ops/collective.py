@@ -18,6 +18,11 @@ from __future__ import annotations
 from ir.ops.registry import A, AttrKind as K, InferContext, NO_GRAD, VarInfo, defop
 from ir.ops.shapes import same_as, set_raw
 
+# The attributes every communicator op shares (Fluid's c_* ops).
+RING_ID = A("ring_id", K.INT, 0, "communicator (ring) to use")
+CALC_STREAM = A("use_calc_stream", K.BOOL, False, "run on the compute stream (no extra synchronisation)")
+NRANKS = A("nranks", K.INT, 0, "ranks the program was transpiled for (0: not recorded)")
+
 
 def _infer_each(ctx: InferContext) -> None:
     """``Out[i]`` is shaped and typed as ``X[i]``."""
@@ -55,9 +60,9 @@ defop(
     inputs=["X*"],
     outputs=["Out*"],
     attrs=[
-        A("ring_id", K.INT, 0, "communicator (ring) to use"),
-        A("use_calc_stream", K.BOOL, False, "run on the compute stream (no extra synchronisation)"),
-        A("nranks", K.INT, 0, "ranks the program was transpiled for (0: not recorded)"),
+        RING_ID,
+        CALC_STREAM,
+        NRANKS,
     ],
     infer=_infer_each,
     grad=NO_GRAD,
@@ -70,10 +75,10 @@ defop(
     inputs=["X"],
     outputs=["Out"],
     attrs=[
-        A("ring_id", K.INT, 0, "communicator (ring) to use"),
+        RING_ID,
         A("root", K.INT, 0, "rank whose X every rank receives"),
-        A("use_calc_stream", K.BOOL, False, "run on the compute stream (no extra synchronisation)"),
-        A("nranks", K.INT, 0, "ranks the program was transpiled for (0: not recorded)"),
+        CALC_STREAM,
+        NRANKS,
     ],
     infer=same_as(),
     grad=NO_GRAD,
@@ -87,8 +92,8 @@ defop(
     outputs=["ParamOut*", "StepOut"],
     attrs=[
         A("k_steps", K.INT, 1, "average the parameters every k_steps calls"),
-        A("ring_id", K.INT, 0, "communicator (ring) to use"),
-        A("nranks", K.INT, 0, "ranks the program was transpiled for (0: not recorded)"),
+        RING_ID,
+        NRANKS,
     ],
     infer=_infer_local_sgd,
     grad=NO_GRAD,
@@ -111,8 +116,8 @@ defop(
     inputs=["X"],
     outputs=["Out"],
     attrs=[
-        A("ring_id", K.INT, 0, "communicator (ring) to use"),
-        A("use_calc_stream", K.BOOL, False, "run on the compute stream (no extra synchronisation)"),
+        RING_ID,
+        CALC_STREAM,
         A("nranks", K.INT, 0, "ranks the program was transpiled for (0: not recorded, Out's first extent -1)"),
     ],
     infer=_infer_allgather,

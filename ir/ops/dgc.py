@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 from ir.errors import IRError
+from ir.ops.collective import RING_ID
 from ir.ops.registry import A, AttrKind as K, InferContext, NO_GRAD, REQUIRED, VarInfo, defop
 from ir.ops.shapes import dim_eq
 
@@ -134,7 +135,7 @@ defop(
     "dgc_allreduce",
     inputs=["Grad*", "EncodeIndex*", "EncodeValue*", "Step"],
     outputs=["Out*"],
-    attrs=[*_SCHEDULE_ATTRS, A("ring_id", K.INT, 0, "communicator (ring) to use")],
+    attrs=[*_SCHEDULE_ATTRS, RING_ID],
     infer=_infer_dgc_allreduce,
     grad=NO_GRAD,
     traits=("collective", "replica_reduce"),
