@@ -478,34 +478,39 @@ class RPCClient:
         pipelined = (data, deferred_parts([m for _, m in messages])) if (
             total >= PIPELINE_MIN_BYTES and plane.control is not None) else None
 
-        def controlled(method: bytes, request: bytes) -> bytes | None:
-            """The answer through the pserver's control socket; None: it has none (or it broke), use gRPC."""
-            try:
-                status, answer = plane.call(method, request, self.deadline, pipelined)
-            except ControlFailed:
-                if pipelined is not None:  # the whole batch must be in place for gRPC
-                    write_deferred(*pipelined)
-                return None
-            except TimeoutError as e:
-                raise RPCError(f"trainer {self.trainer_id}: ShmSend {what} to pserver {endpoint} failed "
-                               f"(DEADLINE_EXCEEDED): {e}", hint="the pserver is down or unreachable",
-                               status=grpc.StatusCode.DEADLINE_EXCEEDED) from None
-            if status != "OK":
-                raise RPCError(f"trainer {self.trainer_id}: ShmSend {what} to pserver {endpoint} failed ({status}, "
-                               f"control socket): {answer.decode('utf-8', 'replace')}",
-                               status=getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN))
-            return answer
-
         try:
             length = write_batch(data, [m for _, m in messages], defer=pipelined is not None)
-            if controlled(CONTROL_PIPELINED if pipelined else CONTROL_SEND,
-                          plane.sign(b"send", seg, length, plane.next_seq()).SerializeToString()) is None:
+            if self._control(plane, CONTROL_PIPELINED if pipelined else CONTROL_SEND,
+                             plane.sign(b"send", seg, length, plane.next_seq()).SerializeToString(),
+                             f"ShmSend {what} to pserver {endpoint}", pipelined=pipelined) is None:
                 self._retried(endpoint, "ShmSend", what,
                               lambda call, timeout: call(plane.sign(b"send", seg, length, plane.next_seq())
                                                          .SerializeToString(), timeout=timeout, metadata=self._metadata))
         finally:
             plane.give_back(seg)
         return True
+
+    def _control(self, plane: TrainerPlane, method: bytes, request: bytes, what: str, *, pipelined: Any = None,
+                 may_not_fit: bool = False) -> tuple[str, bytes] | None:
+        """``(status, answer)`` of one call on ``plane``'s control socket; None when it has none or it broke
+        (the caller goes to gRPC; a pipelined send's tensors are written out first). A timeout, or an error
+        status, is an RPCError as over gRPC; with ``may_not_fit`` RESOURCE_EXHAUSTED (a slot too small) is
+        answered instead."""
+        try:
+            status, answer = plane.call(method, request, self.deadline, pipelined)
+        except ControlFailed:
+            if pipelined is not None:  # the whole batch must be in place for gRPC
+                write_deferred(*pipelined)
+            return None
+        except TimeoutError as e:
+            raise RPCError(f"trainer {self.trainer_id}: {what} failed (DEADLINE_EXCEEDED): {e}",
+                           hint="the pserver is down or unreachable",
+                           status=grpc.StatusCode.DEADLINE_EXCEEDED) from None
+        if status == "OK" or (may_not_fit and status == "RESOURCE_EXHAUSTED"):
+            return status, answer
+        raise RPCError(f"trainer {self.trainer_id}: {what} failed ({status}, control socket): "
+                       f"{answer.decode('utf-8', 'replace')}",
+                       status=getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN))
 
     def _get_shm(self, endpoint: str, names: list[str]) -> list[Any] | None:
         """The values of ``names`` fetched into a segment (read-only views of it), or None: use gRPC."""
@@ -524,23 +529,14 @@ class RPCClient:
                 return call(pb.ShmGetRequest(get=asked, slot=slots[-1]).SerializeToString(), timeout=timeout,
                             metadata=self._metadata)
 
-            try:
-                slots.append(plane.sign(b"slot", seg, room, plane.next_seq()))
-                status, raw = plane.call(CONTROL_GET, pb.ShmGetRequest(get=asked, slot=slots[-1]).SerializeToString(),
-                                         self.deadline)
-            except ControlFailed:  # no control socket (or it broke): gRPC
-                status = ""
-            except TimeoutError as e:
-                raise RPCError(f"trainer {self.trainer_id}: ShmGet of {names} from pserver {endpoint} failed "
-                               f"(DEADLINE_EXCEEDED): {e}", hint="the pserver is down or unreachable",
-                               status=grpc.StatusCode.DEADLINE_EXCEEDED) from None
-            if status == "RESOURCE_EXHAUSTED":  # sizes changed: gRPC knows them
-                return None
-            if status and status != "OK":
-                raise RPCError(f"trainer {self.trainer_id}: ShmGet of {names} from pserver {endpoint} failed ({status}, "
-                               f"control socket): {raw.decode('utf-8', 'replace')}",
-                               status=getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN))
-            if not status:
+            slots.append(plane.sign(b"slot", seg, room, plane.next_seq()))
+            answered = self._control(plane, CONTROL_GET, pb.ShmGetRequest(get=asked, slot=slots[-1]).SerializeToString(),
+                                     f"ShmGet of {names} from pserver {endpoint}", may_not_fit=True)
+            if answered is not None:
+                status, raw = answered
+                if status == "RESOURCE_EXHAUSTED":  # sizes changed: gRPC knows them
+                    return None
+            else:  # no control socket (or it broke): gRPC
                 try:
                     raw = self._retried(endpoint, "ShmGet", f"of {names}", invoke)
                 except RPCError as e:
@@ -649,21 +645,12 @@ class RPCClient:
             length = write_batch(seg.view(HEADER_BYTES, seg.size - HEADER_BYTES), [(parts, n)])
             ids_ref = plane.sign(b"ids", seg, length, plane.next_seq())
             slot = plane.sign(b"slot", seg, seg.size - HEADER_BYTES, plane.next_seq())
-            try:
-                status, raw = plane.call(CONTROL_PREFETCH, pb.ShmPrefetchRequest(ids=ids_ref, slot=slot)
-                                         .SerializeToString(), self.deadline)
-            except ControlFailed:  # no control socket (or it broke): gRPC
-                return None
-            except TimeoutError as e:
-                raise RPCError(f"trainer {self.trainer_id}: {what} failed (DEADLINE_EXCEEDED): {e}",
-                               hint="the pserver is down or unreachable",
-                               status=grpc.StatusCode.DEADLINE_EXCEEDED) from None
-            if status == "RESOURCE_EXHAUSTED":  # the rows outgrew the room: gRPC learns their size again
-                return None
-            if status != "OK":
-                raise RPCError(f"trainer {self.trainer_id}: {what} failed ({status}, control socket): "
-                               f"{raw.decode('utf-8', 'replace')}",
-                               status=getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN))
+            answered = self._control(plane, CONTROL_PREFETCH,
+                                     pb.ShmPrefetchRequest(ids=ids_ref, slot=slot).SerializeToString(), what,
+                                     may_not_fit=True)
+            if answered is None or answered[0] == "RESOURCE_EXHAUSTED":
+                return None  # no control socket (or it broke), or the rows outgrew the room: gRPC
+            raw = answered[1]
             ref = pb.ShmRef.FromString(raw)
             plane.check_reply(ref, slot)
             decoded = decode_batch(seg.view(ref.offset, ref.length).toreadonly())
