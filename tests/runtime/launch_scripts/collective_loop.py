@@ -1,6 +1,7 @@
 """A collective trainer for the multi-host launcher tests: joins the group from Paddle's environment (as
-``flotilla launch`` sets it), prints ``joined``, then all-gathers a value every 0.1 s for ``--seconds``
-(default 60), then with ``--report-sockets`` prints ``listening HOST:PORT`` for each socket it listens on.
+``flotilla launch`` sets it), prints ``joined``, then all-gathers a value every 0.1 s until one rank's
+``--seconds`` (default 60) have passed (every rank stops after the same gather), then with
+``--report-sockets`` prints ``listening HOST:PORT`` for each socket it listens on.
 A peer that vanishes fails the gather; the error then names the lost endpoints
 (``runtime.collective.describe_failure``) and the process exits 1."""
 from __future__ import annotations
@@ -27,12 +28,17 @@ def main() -> int:
 
     print(f"joined trainer {role.trainer_id} of {role.trainers}", flush=True)
     deadline = time.monotonic() + opts.seconds
-    while time.monotonic() < deadline:
+    while True:
+        # Every rank stops after the same gather: the one in which any rank's own deadline had passed. (Each
+        # rank counting its own time would leave them a different number of collectives apart, and hang.)
+        expired = float(time.monotonic() >= deadline)
         try:
-            multihost_utils.process_allgather(jnp.array([float(role.trainer_id)]))
+            gathered = multihost_utils.process_allgather(jnp.array([float(role.trainer_id), expired]))
         except Exception as e:  # noqa: BLE001 - a peer left: name it
             print(f"error: {collective.describe_failure(e)}", file=sys.stderr, flush=True)
             os._exit(1)
+        if gathered[:, 1].any():
+            break
         time.sleep(0.1)
     if opts.report_sockets:
         _report_listening()
