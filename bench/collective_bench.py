@@ -287,12 +287,12 @@ def worker_model(rank: int, endpoints: list[str], name: str, steps: int, batch: 
     shards = [{k: v[rank::n] for k, v in b.items()} for b in data]
     for b in shards[:2]:  # compile
         exe.run(main, feed=b, fetch_list=[loss], scope=scope)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(steps):
         out, = exe.run(main, feed=shards[i % len(shards)], fetch_list=[loss], scope=scope)
     np.asarray(out)
-    elapsed = time.perf_counter() - start
-    return {"examples_per_s": steps * batch / n / elapsed, "step_s": elapsed / steps}
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return {"examples_per_s": steps * batch / n / elapsed, "step_s": elapsed / steps, "cores": cpu / elapsed}
 
 
 def worker_torch_model(rank: int, endpoints: list[str], name: str, steps: int, batch: int,

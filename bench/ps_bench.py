@@ -80,6 +80,7 @@ if __package__ in (None, ""):
 
 from bench import plotting  # noqa: E402
 from ir.errors import FlotillaError  # noqa: E402
+from runtime.cpu_threads import XLA_NPROC_ENVS, available_cpus, xla_threads  # noqa: E402
 from runtime.launch import free_ports  # noqa: E402
 from runtime.rpc.shm import leftover_segments  # noqa: E402
 from tests.netns import LOOPBACK, Host, Hosts, NetnsError, existing_hosts  # noqa: E402
@@ -337,12 +338,15 @@ def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathli
             if job.mode.startswith("geo"):
                 dist += ["--geo-k", job.mode[3:]]
             how: dict[str, Any] = {"python": job.paddle, "worker": PADDLE_WORKER} if job.paddle else {}
+            hosts = [placement.host(i) for i in range(job.pservers)] + [placement.host(t) for t in range(job.trainers)]
             for i, ep in enumerate(eps):
-                procs.start(f"pserver{i}", "pserver", "--endpoint", ep, *dist, *common, host=placement.host(i), **how)
+                procs.start(f"pserver{i}", "pserver", "--endpoint", ep, *dist, *common, host=hosts[i],
+                            env=None if job.paddle else launcher_env(env, hosts, hosts[i]), **how)
             for t in range(job.trainers):
                 outs.append(jobdir / f"trainer{t}.json")
+                host = hosts[job.pservers + t]
                 procs.start(f"trainer{t}", "trainer", "--trainer-id", str(t), "--out", str(outs[-1]), *dist, *common,
-                            host=placement.host(t), **how)
+                            host=host, env=None if job.paddle else launcher_env(env, hosts, host), **how)
         cpu.start()
         # Paddle's pservers outlive their trainers: the job ends with its trainers (the rest is killed).
         procs.wait_all(args.job_timeout, only="trainer" if job.paddle else "")
@@ -355,6 +359,14 @@ def run_job(job: Job, args: argparse.Namespace, env: dict[str, str], tmp: pathli
     row["cpu_s_by_process"] = cpu.by_process
     row["cpu_ms_per_kex"] = cpu.seconds / (sum(r["examples"] for r in results) / 1e3) * 1e3 if cpu.seconds else None
     return row
+
+
+def launcher_env(env: dict[str, str], hosts: list[Host], host: Host) -> dict[str, str]:
+    """``env`` with the XLA CPU threads ``flotilla launch`` would give a process of the job on ``host``
+    (``runtime.cpu_threads``: its CPUs over the job's processes there), so the figures are what a launched
+    job gets."""
+    threads = xla_threads(sum(h is host for h in hosts), available_cpus(), env)
+    return env if threads is None else {**env, XLA_NPROC_ENVS[0]: str(threads)}
 
 
 class CPUWindow(threading.Thread):
@@ -414,6 +426,9 @@ def summarise(job: Job, results: list[dict[str, Any]]) -> dict[str, Any]:
         "per_trainer": statistics.mean(r["examples_per_s"] for r in results), "total": examples / window,
         "loss_first": statistics.mean(float(np.mean(r["losses"][:5])) for r in results),
         "loss_last": statistics.mean(float(np.mean(r["losses"][-5:])) for r in results),
+        # the trainers' main thread (the executor: host ops, dispatch), CPU ms a step
+        "main_thread_ms_per_step": statistics.mean(r["cpu_main_thread_s"] / r["steps"] * 1e3 for r in results
+                                                   if "cpu_main_thread_s" in r) if not job.paddle else None,
     }
     if job.pservers and not job.paddle:
         by_method: dict[str, float] = {}

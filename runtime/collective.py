@@ -31,10 +31,9 @@ in the process before it is joined (JAX's rule; ``join_group`` says so when brok
 bounded by ``FLAGS_collective_timeout_s`` (default 120 s, read when the group is joined).
 
 CPU threads: several trainers of one host share its cores. When the group is joined (before JAX's CPU
-client exists) each trainer's XLA thread pools are sized to its share of the CPUs it may run on
-(``FLAGS_cpu_threads_per_trainer``: ``auto``, the default, divides them by the trainers whose endpoint has
-this trainer's host; N: N threads; 0: XLA's default of every CPU per process), through ``PJRT_NPROC``,
-which XLA reads when it makes the client; a ``PJRT_NPROC`` or ``NPROC`` the user set wins.
+client exists) each trainer's XLA thread pools are sized to its share of the CPUs it may run on, counting
+the trainers whose endpoint has this trainer's host (``runtime.cpu_threads``: the rule and its flag),
+through ``PJRT_NPROC``, which XLA reads when it makes the client.
 """
 from __future__ import annotations
 
@@ -54,6 +53,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from runtime import cpu_threads
 from runtime.role import parse_endpoint
 from runtime.scope import ExecutionError, SelectedRows
 
@@ -62,8 +62,6 @@ TIMEOUT_ENV = "FLAGS_collective_timeout_s"
 HEARTBEAT_ENV = "FLAGS_collective_heartbeat_s"
 TOKEN_ENV = "FLOTILLA_JOB_TOKEN"
 GLOO_INTERFACE_ENV = "FLOTILLA_GLOO_INTERFACE"  # gloo's interface by name, instead of the trainer endpoint's address
-THREADS_ENV = "FLAGS_cpu_threads_per_trainer"  # XLA CPU threads of a trainer: auto (CPUs / trainers here), N, 0
-XLA_NPROC_ENVS = ("PJRT_NPROC", "NPROC")  # what XLA's CPU client sizes its thread pools by (PJRT_NPROC first)
 _MAGIC = b"FLT2"  # rendezvous hello: magic, rank, token digest, program fingerprint (length-prefixed JSON)
 _GO, _ABORT, _MISMATCH = b"G", b"A", b"M"
 MAX_FINGERPRINT = 64 << 20  # bytes of a fingerprint a leader reads (a startup program is far smaller)
@@ -159,31 +157,11 @@ def join_group(trainer_id: int, endpoints: Sequence[str], program: Any = None) -
 
 
 def threads_per_trainer(trainer_id: int, endpoints: Sequence[str], cpus: int, environ: Any = None) -> int | None:
-    """XLA CPU threads for trainer ``trainer_id`` of ``endpoints`` when it may run on ``cpus`` CPUs, from
-    ``FLAGS_cpu_threads_per_trainer``: ``auto`` (default) splits the CPUs evenly over the trainers whose
-    endpoint has this trainer's host (at least 1 each); a number N gives N; ``0`` leaves XLA's own default
-    (every CPU, for each process). None: leave XLA alone (``0``, or ``PJRT_NPROC``/``NPROC`` already set,
-    which XLA reads itself)."""
-    env = environ if environ is not None else os.environ
-    raw = env.get(THREADS_ENV, "auto").strip().lower() or "auto"
-    if raw == "auto":
-        count = None
-    else:
-        try:
-            count = int(raw)
-        except ValueError:
-            count = -1
-        if count < 0:
-            raise CollectiveError(f"{THREADS_ENV}={raw!r} is neither 'auto' nor a number of threads >= 0",
-                                  hint=f"{THREADS_ENV}=auto splits this host's CPUs over its trainers; 0 keeps "
-                                       "XLA's default (every CPU for each trainer)")
-    if count == 0 or any(env.get(name, "").strip() for name in XLA_NPROC_ENVS):
-        return None
-    if count is not None:
-        return count
+    """XLA CPU threads for trainer ``trainer_id`` of ``endpoints`` when it may run on ``cpus`` CPUs:
+    ``runtime.cpu_threads.xla_threads`` over the trainers whose endpoint has this trainer's host."""
     host = parse_endpoint(endpoints[trainer_id], "trainer endpoint")[0]
     local = sum(parse_endpoint(ep, "trainer endpoint")[0] == host for ep in endpoints)
-    return max(1, cpus // max(1, local))
+    return cpu_threads.xla_threads(local, cpus, environ)
 
 
 def _limit_cpu_threads(trainer_id: int, endpoints: Sequence[str]) -> None:
@@ -193,9 +171,9 @@ def _limit_cpu_threads(trainer_id: int, endpoints: Sequence[str]) -> None:
     CPU per example with 1 thread each)."""
     if _has_gpu_platform():
         return
-    count = threads_per_trainer(trainer_id, endpoints, len(os.sched_getaffinity(0)))
+    count = threads_per_trainer(trainer_id, endpoints, cpu_threads.available_cpus())
     if count is not None:
-        os.environ[XLA_NPROC_ENVS[0]] = str(count)
+        os.environ[cpu_threads.XLA_NPROC_ENVS[0]] = str(count)
 
 
 def _set_up_arena(trainer_id: int, nranks: int, timeout: float) -> None:
@@ -652,6 +630,6 @@ def _missing_ranks(wait_s: float = 2.0) -> list[int]:
     return [r for r in range(group.nranks) if r not in alive]
 
 
-__all__ = ["AXIS", "CollectiveError", "DataParallel", "Group", "THREADS_ENV", "check_program", "current_group",
+__all__ = ["AXIS", "CollectiveError", "DataParallel", "Group", "check_program", "current_group",
            "describe_failure", "device_mesh", "join_group", "local_value", "process_mesh", "shared_arena",
            "threads_per_trainer"]

@@ -37,7 +37,9 @@ Each child gets Paddle's variables (``TRAINING_ROLE``, ``PADDLE_TRAINER_ID``, ``
 ``PADDLE_TRAINER_ENDPOINTS``; ``runtime.role.role_from_env`` reads them back) and ``PYTHONUNBUFFERED=1``,
 and the job token ``FLOTILLA_JOB_TOKEN``: a fresh random one per job (never printed), or the launcher's
 own when it is set (a job spanning machines sets the same value everywhere by hand); the pservers then
-answer UNAUTHENTICATED to any call without it (``runtime.flags``).
+answer UNAUTHENTICATED to any call without it (``runtime.flags``). The processes this host starts share
+its cores: each gets ``PJRT_NPROC`` = its CPUs divided by their number (``runtime.cpu_threads``;
+``FLAGS_cpu_threads_per_trainer`` changes the rule, a ``PJRT_NPROC`` set here is passed on as it is).
 Its output lines (stdout and stderr together) are echoed on the launcher's stdout tagged
 ``[pserver.0] `` / ``[trainer.1] ``, and written to ``DIR/serverlog.<i>`` / ``DIR/workerlog.<i>`` with
 ``--log_dir``. The launcher's own lines are tagged ``[launch] ``.
@@ -79,6 +81,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO, Mapping, NoReturn, Sequence
 
+from runtime.cpu_threads import XLA_NPROC_ENVS, CPUThreadsError, available_cpus, xla_threads
 from runtime.flags import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV, TOKEN_ENV as JOB_TOKEN_ENV
 from runtime.launch_common import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, POLL_S, PSERVER_KIND, TAIL_LINES, TERM_GRACE_S,
                                    TRAINER_KIND, _Output, child_environ, die_with_parent, new_job_token, pserver_env, trainer_env)
@@ -295,10 +298,16 @@ def plan_job(args: argparse.Namespace, environ: Mapping[str, str] | None = None)
             raise LaunchError(f"--log_dir {args.log_dir!r}: cannot create it: {e.strerror or e}",
                               hint="choose a writable directory", code="E812") from None
 
-    processes = [ProcessSpec(f"{PSERVER_KIND}.{i}", PSERVER_KIND, i, pserver_env(server_eps, worker_eps, i),
-                             f"serverlog.{i}") for i in range(len(server_eps))]
+    try:  # the job's processes on this host share its cores (runtime.cpu_threads)
+        threads = xla_threads(len(local), available_cpus(), environ)
+    except CPUThreadsError as e:
+        raise LaunchError(e.message, hint=e.hint) from None
+    shared = {XLA_NPROC_ENVS[0]: str(threads)} if threads is not None else {}
+    processes = [ProcessSpec(f"{PSERVER_KIND}.{i}", PSERVER_KIND, i,
+                             {**pserver_env(server_eps, worker_eps, i), **shared}, f"serverlog.{i}")
+                 for i in range(len(server_eps))]
     processes += [ProcessSpec(f"{TRAINER_KIND}.{i}", TRAINER_KIND, i,
-                              {**trainer_env(server_eps, worker_eps, i),
+                              {**trainer_env(server_eps, worker_eps, i), **shared,
                                **({"FLAGS_selected_gpus": str(local_gpus[i])} if i in local_gpus else {})},
                               f"workerlog.{i}") for i in range(len(worker_eps))]
     return JobPlan(mode=mode, pserver_endpoints=server_eps, trainer_endpoints=worker_eps,

@@ -1,6 +1,6 @@
-"""XLA CPU threads of co-located trainers (``runtime.collective.threads_per_trainer``): the rule, the flag, and
-that the XLA of this JAX honours ``PJRT_NPROC`` set in the process before its CPU client exists (which is
-how ``join_group`` applies the rule)."""
+"""XLA CPU threads of a job's processes on one host (``runtime.cpu_threads``): the rule, the flag, how
+collective trainers (``runtime.collective.threads_per_trainer``) and the launcher apply it, and that the
+XLA of this JAX honours ``PJRT_NPROC`` set in the process before its CPU client exists."""
 from __future__ import annotations
 
 import subprocess
@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from runtime.collective import THREADS_ENV, CollectiveError, threads_per_trainer
+from runtime.collective import threads_per_trainer
+from runtime.cpu_threads import THREADS_ENV, CPUThreadsError, xla_threads
 
 LOCAL4 = [f"127.0.0.1:{6170 + i}" for i in range(4)]
 
@@ -35,9 +36,9 @@ def test_a_number_is_taken_as_is_and_0_or_a_users_nproc_leaves_xla_alone() -> No
 
 @pytest.mark.parametrize("raw", ["two", "-1", "1.5"])
 def test_a_bad_flag_value_is_an_error_naming_it(raw: str) -> None:
-    with pytest.raises(CollectiveError) as e:
+    with pytest.raises(CPUThreadsError) as e:
         threads_per_trainer(0, LOCAL4, cpus=2, environ={THREADS_ENV: raw})
-    assert e.value.code == "E650" and THREADS_ENV in str(e.value) and repr(raw) in str(e.value)
+    assert e.value.code == "E653" and THREADS_ENV in str(e.value) and repr(raw) in str(e.value)
 
 
 def _threads_with_pjrt_nproc(n: int) -> int:
@@ -70,3 +71,24 @@ def test_joining_sets_pjrt_nproc_to_the_share_unless_the_user_set_one(monkeypatc
     monkeypatch.setenv("PJRT_NPROC", "3")
     collective._limit_cpu_threads(1, LOCAL4[:2])
     assert collective.os.environ["PJRT_NPROC"] == "3"
+
+
+def test_the_launcher_splits_the_cpus_over_every_process_it_starts_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import launch
+    from runtime.role import LaunchError
+
+    script = __file__
+    monkeypatch.setattr(launch, "available_cpus", lambda: 8)
+
+    def plan(*argv: str, **environ: str) -> list[str | None]:
+        job = launch.plan_job(launch.build_parser().parse_args([*argv, script]), environ)
+        return [p.env.get("PJRT_NPROC") for p in job.processes]
+
+    assert plan("--server_num", "1", "--worker_num", "2") == ["2", "2", "2"]  # 8 CPUs / 3 processes
+    assert plan("--nproc_per_node", "4") == ["2"] * 4
+    assert plan("--server_num", "1", "--worker_num", "1", **{THREADS_ENV: "3"}) == ["3", "3"]
+    assert plan("--server_num", "1", "--worker_num", "1", **{THREADS_ENV: "0"}) == [None, None]
+    assert plan("--nproc_per_node", "2", PJRT_NPROC="5") == [None, None]  # the user's, passed on by the child's env
+    with pytest.raises(LaunchError, match=THREADS_ENV):
+        plan("--nproc_per_node", "2", **{THREADS_ENV: "many"})
+    assert xla_threads(3, 2, {}) == 1  # never below 1
