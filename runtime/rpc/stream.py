@@ -25,12 +25,17 @@ needed and none can be forgotten; a receive while the previous value of the same
 simply takes a second buffer (steady state: two per size class, ping-pong). Reusing a buffer avoids the
 page faults of fresh memory (~25 ms per 64 MiB here, against ~3 ms to copy into memory already mapped).
 The pool keeps at most ``capacity_bytes``; beyond that a receive gets a fresh buffer the pool forgets.
+Buffers are page-aligned (``aligned_empty``): a value copied to a buffer's start is 64-byte aligned,
+which is what lets XLA's CPU client use it in place instead of copying it into every compiled call that
+reads it (measured: a CTR step's ~3 MB of arguments cost ~0.5 ms of copies a call unaligned, ~0.02 ms
+aligned).
 
 These are pure helpers: no pserver logic. ``send_chunked`` and ``get_chunked`` drive gRPC multi-callables
 made with identity (de)serializers (``channel.stream_unary`` / ``channel.unary_stream``).
 """
 from __future__ import annotations
 
+import mmap
 import sys
 import threading
 from dataclasses import dataclass
@@ -179,7 +184,7 @@ class ReceiveBuffers:
                 self._stats.reused += 1
                 return buf
             self._make_room(size)
-            buf = np.empty(size, np.uint8)
+            buf = aligned_empty(size)
             self._stats.allocated += 1
             if self._stats.pooled_bytes + size <= self.capacity_bytes:
                 self._buffers.append(buf)
@@ -267,6 +272,13 @@ class ReceiveBuffers:
         return out[:n].toreadonly()
 
 
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """A new writable uint8 array of ``nbytes`` that starts on a page boundary (anonymous memory, freed
+    with the last reference to it). numpy's own allocations are only 16-byte aligned here, and XLA's CPU
+    client copies any argument that is not 64-byte aligned."""
+    return np.frombuffer(mmap.mmap(-1, max(1, nbytes)), np.uint8, count=nbytes)
+
+
 def _refs(buf: np.ndarray) -> int:
     """``buf``'s reference count as seen from a caller that holds it in one list slot and one variable."""
     return sys.getrefcount(buf)
@@ -275,7 +287,7 @@ def _refs(buf: np.ndarray) -> int:
 def _calibrate() -> int:
     """What ``_refs`` reports for a buffer nothing but the pool's list and the scanning loop's variable
     holds (interpreter-specific, so measured exactly the way the pool checks rather than assumed)."""
-    buffers = [np.empty(1, np.uint8)]
+    buffers = [aligned_empty(1)]
     for i in range(len(buffers)):
         buf = buffers[i]
         return _refs(buf)
