@@ -429,9 +429,20 @@ def _merge_split(ctx: Any, op: Operator, split: _SplitIds, ids_values: list[Any]
     start = 0
     for out, ids_value in zip(op.output("Out"), ids_values):
         count = int(np.size(ids_value))
-        shape = _lead_shape(np.shape(ids_value)) + tuple(rows.shape[1:])
-        ctx.scope.set_var(out, rows[index[start:start + count]].reshape(shape))
+        merged = _aligned_empty(ctx, (count,) + tuple(rows.shape[1:]), rows.dtype)
+        np.take(rows, index[start:start + count], axis=0, out=merged)
+        merged.flags.writeable = False
+        ctx.scope.set_var(out, merged.reshape(_lead_shape(np.shape(ids_value)) + tuple(rows.shape[1:])))
         start += count
+
+
+def _aligned_empty(ctx: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An array of ``shape`` in pooled, page-aligned memory (``runtime.rpc.stream.ReceiveBuffers``: handed
+    out again only once nothing refers to it): the compiled step reading it uses it in place, where numpy's
+    16-byte-aligned memory would be copied into every call (~0.1 ms a CTR step's 850 KB of rows)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    buf = ctx.executor.rpc_session.host_buffers.take(nbytes)
+    return buf[:nbytes].view(dtype).reshape(shape)
 
 
 def _lead_shape(shape: tuple[int, ...]) -> tuple[int, ...]:

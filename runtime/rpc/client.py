@@ -67,7 +67,7 @@ from runtime import malloc
 from runtime.flags import RPCSecurity, data_plane_mode, flag, rpc_security
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.server import SERVICE, grpc_options
-from runtime.rpc.shm import (CONTROL_GET, CONTROL_PIPELINED, CONTROL_PREFETCH, CONTROL_SEND, HEADER_BYTES,
+from runtime.rpc.shm import (ALIGN_SLACK, CONTROL_GET, CONTROL_PIPELINED, CONTROL_PREFETCH, CONTROL_SEND, HEADER_BYTES,
                              MAX_SEGMENTS, PIPELINE_MIN_BYTES, ControlFailed, Segment, ShmError, TrainerPlane,
                              deferred_parts, host_id, open_segment, write_batch, write_deferred)
 from runtime.rpc.stream import STREAM_THRESHOLD, ReceiveBuffers, get_chunked, send_chunked
@@ -514,7 +514,7 @@ class RPCClient:
 
     def _get_shm(self, endpoint: str, names: list[str]) -> list[Any] | None:
         """The values of ``names`` fetched into a segment (read-only views of it), or None: use gRPC."""
-        room = sum(self._sizes.get(n, 0) + len(n) + 64 for n in names) + 1024
+        room = sum(self._sizes.get(n, 0) + len(n) + 64 + ALIGN_SLACK for n in names) + 1024
         got = self._segment(endpoint, room)
         if got is None:
             return None

@@ -224,7 +224,7 @@ class ParameterServerService:
         if req.get.trainer_id != req.slot.trainer_id:
             raise ShmError(f"ShmGet of trainer {req.get.trainer_id} names a slot of trainer {req.slot.trainer_id}")
         _, view = self.plane.resolve(req.slot, b"slot")
-        writer = BatchWriter(view)
+        writer = BatchWriter(view, align=True)
 
         def encode(name: str, value: Any) -> None:
             writer.put_parts(*encode_parts(name, value))
@@ -255,7 +255,7 @@ class ParameterServerService:
             raise ShmError(f"ShmPrefetch of trainer {req.ids.trainer_id} (incarnation {req.ids.incarnation:#x}) "
                            f"carries {msg.name!r} of trainer {msg.header.trainer_id} (incarnation "
                            f"{msg.header.incarnation:#x})", hint="a trainer prefetches only its own ids")
-        writer = BatchWriter(view)
+        writer = BatchWriter(view, align=True)
         self.pserver.prefetch(msg, lambda name, value: writer.put_parts(*encode_parts(name, value)))
         return self.plane.reply(req.slot, writer.pos).SerializeToString()
 

@@ -29,6 +29,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from runtime.rpc.stream import ReceiveBuffers
+
 if TYPE_CHECKING:
     from runtime.rpc.client import RPCClient
 
@@ -63,6 +65,7 @@ class RPCSession:
         self._clients: dict[int, "RPCClient"] = {}
         self._states: dict[int, TrainerKernelState] = {}
         self.split_ids: dict[tuple[str, ...], Any] = {}
+        self.host_buffers = ReceiveBuffers()  # aligned host memory for what host kernels hand compiled code
 
     @property
     def active(self) -> bool:

@@ -291,13 +291,25 @@ def write_deferred(dst: memoryview, deferred: list[tuple[int, memoryview]],
                 written(pos + end)
 
 
-class BatchWriter:
-    """Appends VariableBatch entries to ``dst``; ``put`` matches ``PServer.get_many``'s ``encode``."""
+PAD_FIELD = pb.VariableMessage.DESCRIPTOR.fields_by_name["pad"].number
+TENSOR_ALIGN = 64  # bytes: XLA's CPU client uses an argument in place only at this alignment
+ALIGN_SLACK = TENSOR_ALIGN + 2  # the most a tensor's alignment adds to its message (the pad field)
+_ALIGN_MIN_BYTES = 512  # smaller tensors are not worth the padding
 
-    def __init__(self, dst: memoryview) -> None:
+
+class BatchWriter:
+    """Appends VariableBatch entries to ``dst``; ``put`` matches ``PServer.get_many``'s ``encode``. With
+    ``align`` (the pserver's answers, which the trainer reads in place), each tensor of 512 bytes or more
+    starts ``TENSOR_ALIGN``-aligned in memory: a ``pad`` field of zeros (which every reader ignores) goes
+    between the message's header and its raw fields, adding at most ``ALIGN_SLACK`` bytes."""
+
+    def __init__(self, dst: memoryview, align: bool = False) -> None:
         self.dst, self.pos = dst, 0
+        self._base = np.frombuffer(dst, np.uint8).ctypes.data if align and len(dst) else None
 
     def put_parts(self, parts: list[Any], n: int, defer_last: bool = False) -> None:
+        if self._base is not None and memoryview(parts[-1]).nbytes >= _ALIGN_MIN_BYTES:
+            parts, n = self._aligned(parts, n)
         prefix = _varint(BATCH_FIELD << 3 | 2) + _varint(n)
         if self.pos + len(prefix) + n > len(self.dst):
             raise ShmError(f"the reply does not fit its data-plane slot of {len(self.dst)} bytes",
@@ -309,6 +321,23 @@ class BatchWriter:
             self.dst[pos:pos + view.nbytes] = view
             pos += view.nbytes
         self.pos = self.pos + len(prefix) + n
+
+    def _aligned(self, parts: list[Any], n: int) -> tuple[list[Any], int]:
+        """``parts`` (header first, tensor bytes last) with a pad field after the header that puts the tensor
+        on a ``TENSOR_ALIGN`` boundary when written at ``self.pos``; unchanged if no pad length does."""
+        assert self._base is not None
+        tensor = memoryview(parts[-1]).nbytes
+        before_tensor = n - tensor  # the header and the raw fields' prefixes
+        tag = _varint(PAD_FIELD << 3 | 2)
+        pad = 0
+        for _ in range(3):  # the entry's length prefix may grow by a byte with the pad: settle it
+            entry = n + len(tag) + 1 + pad
+            start = self._base + self.pos + len(_varint(BATCH_FIELD << 3 | 2)) + len(_varint(entry))
+            want = -(start + len(tag) + 1 + before_tensor) % TENSOR_ALIGN
+            if want == pad:
+                return [parts[0], tag + _varint(pad) + bytes(pad), *parts[1:]], entry
+            pad = want
+        return parts, n
 
 
 _CHECK_CHUNK = 1 << 16  # elements: each is copied, then checked while it is still in the cache

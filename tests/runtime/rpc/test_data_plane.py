@@ -27,10 +27,11 @@ import pytest
 from runtime.flags import FlagError, data_plane_mode
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.client import RPCClient, RPCError
-from runtime.rpc.shm import (CONTROL_GET, CONTROL_PREFETCH, CONTROL_SEND, HEADER_BYTES, NONCE_BYTES, ControlFailed,
-                             PServerPlane, Segment, ShmError, TrainerPlane, create_segment, leftover_segments,
-                             open_segment, ref_mac, write_batch)
-from runtime.rpc.wire import encode_batch, encode_parts
+from runtime.rpc.shm import (ALIGN_SLACK, CONTROL_GET, CONTROL_PREFETCH, CONTROL_SEND, HEADER_BYTES, NONCE_BYTES,
+                             TENSOR_ALIGN, BatchWriter, ControlFailed, PServerPlane, Segment, ShmError, TrainerPlane,
+                             create_segment, leftover_segments, open_segment, ref_mac, write_batch)
+from runtime.rpc.wire import decode_batch, encode_batch, encode_parts
+from runtime.scope import SelectedRows
 from tests.runtime.rpc.conftest import LR, PARAMS, PSHandle, Tracker, build_pserver, inc
 from tests.runtime.rpc.test_server_errors import BAD, Raw, Served
 
@@ -102,6 +103,31 @@ def _same_state(s: PlaneServed, before: dict[str, bytes], snapshot: Any) -> None
 
 
 # --- values through shared memory -----------------------------------------------------------------------------------
+def test_an_aligned_batch_puts_each_tensor_on_a_64_byte_boundary_and_parses_as_plain_protobuf() -> None:
+    rng = np.random.default_rng(5)
+    values = {"w": rng.normal(size=(429, 400)).astype(np.float32), "tiny": np.arange(3, dtype=np.int64),
+              "rows": SelectedRows(np.arange(0, 600, 3), rng.normal(size=(200, 16)).astype(np.float32), 600),
+              "d": rng.normal(size=(7, 33)).astype(np.float64)}
+    memory = np.zeros(1 << 21, np.uint8)
+    for start in range(0, 70, 13):  # wherever the slot and the entries before it begin
+        view = memoryview(memory)[start:]
+        writer = BatchWriter(view, align=True)
+        for name, value in values.items():
+            writer.put_parts(*encode_parts(name, value))
+        decoded = decode_batch(view[:writer.pos])
+        assert [d.name for d in decoded] == list(values)
+        for d in decoded:
+            got, want = (d.value.values, values[d.name].values) if d.name == "rows" else (d.value, values[d.name])
+            np.testing.assert_array_equal(got, want)
+            if want.nbytes >= 512:
+                assert got.ctypes.data % TENSOR_ALIGN == 0, (start, d.name)
+        assert len(pb.VariableBatch.FromString(bytes(view[:writer.pos])).vars) == len(values)  # pad: a known field
+        plain = BatchWriter(view)
+        for name, value in values.items():
+            plain.put_parts(*encode_parts(name, value))
+        assert writer.pos - plain.pos <= 3 * ALIGN_SLACK  # three tensors padded, at most the slack each
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_values_travel_bit_exactly_through_shared_memory(mode: str, planes: dict[str, PlaneServed]) -> None:
     s = planes[mode]
@@ -116,6 +142,8 @@ def test_values_travel_bit_exactly_through_shared_memory(mode: str, planes: dict
         np.testing.assert_array_equal(b, want)
         assert any(np.shares_memory(b, seg.array) for seg in plane.segments), f"{p} did not come through shm"
         assert not b.flags.writeable
+        if b.nbytes >= 512:  # read in place, and aligned so that XLA uses it in place too
+            assert b.ctypes.data % TENSOR_ALIGN == 0, p
     # a later fetch never overwrites a value still held: it takes another segment
     third = c.get([(ep, p) for p in PARAMS])
     np.testing.assert_array_equal(second[0], third[0])
