@@ -966,13 +966,17 @@ class PServer:
     def _local_ids(self, what: str, ids: np.ndarray, table: str) -> np.ndarray:
         n, me = self.config.pservers, self.config.pserver_id
         rows = self.program.global_block().var(table).shape[0]
-        if ids.size and (np.any(ids < 0) or np.any(ids % n != me) or np.any(ids // n >= rows)):
+        if n == 1:  # the whole table: its rows are the ids (two reductions, no integer division)
+            ok = not ids.size or bool(ids.min() >= 0 and ids.max() < rows)
+        else:
+            ok = not ids.size or not (np.any(ids < 0) or np.any(ids % n != me) or np.any(ids // n >= rows))
+        if not ok:
             bad = ids[(ids < 0) | (ids % n != me) | (ids // n >= rows)][:5].tolist()
             raise PServerError(Status.INVALID_ARGUMENT,
                                f"{what}: ids {bad} are not in shard {me} of {n} of table {table!r} "
                                f"(ids r with r % {n} == {me} and r // {n} < {rows})",
                                hint="shard ids with split_ids before sending them")
-        return ids // n
+        return ids if n == 1 else ids // n
 
     def _local_rows(self, name: str, value: SelectedRows) -> SelectedRows:
         param = self.config.sparse_grad_to_param[self._received[name].copy_of or name]
