@@ -16,7 +16,11 @@ compared with:
 (b) ResNet and Transformer examples (``examples/resnet``, ``examples/transformer``): examples/s of 1, 2
     and 4 trainer processes (1: the untranspiled program; more: nccl2, each trainer on its share of every
     global batch of 32) and the scaling (n-process examples/s / 1-process examples/s). All processes share
-    the machine's cores, so a scaling near 1 is the ceiling here, not n. With ``--vs-torch``, after each
+    the machine's cores, so a scaling near 1 is the ceiling here, not n, and a 1-process run that already
+    keeps the cores busy (Flotilla's XLA threads) leaves less to gain than one that does not. So each job
+    also reports its CPU time per example (every process's), and the table its CPU scaling (1-process CPU
+    per example / n-process): what data parallelism costs in CPU, which load does not distort. With
+    ``--vs-torch``, after each
     Flotilla job the same job in torch (``bench/torch_models.py``: the same architectures, sizes, batch
     and optimizers): DDP over gloo for 2 and 4 processes, the bare model for 1.
 (c) fused against unfused gradient allreduce for an MLP with 120 small gradients (60 layers of 16
@@ -318,14 +322,14 @@ def worker_torch_model(rank: int, endpoints: list[str], name: str, steps: int, b
                   for b in train.batches(args, 4)]
         for x, y in shards[:2]:
             torch_models.train_step(model, opt, x, y)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for i in range(steps):
             loss = torch_models.train_step(model, opt, *shards[i % len(shards)])
         float(loss)
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     finally:
         _torch_leave(n)
-    return {"examples_per_s": steps * batch / n / elapsed, "step_s": elapsed / steps}
+    return {"examples_per_s": steps * batch / n / elapsed, "step_s": elapsed / steps, "cores": cpu / elapsed}
 
 
 def worker_fusion(rank: int, endpoints: list[str], fuse_mb: float, steps: int) -> dict[str, Any]:
@@ -524,18 +528,30 @@ def figure_catalog(allreduce_procs: Sequence[int] = ALLREDUCE_PROCS,
     for name in MODEL_NAMES:
         out += [(f"{name}_n{n}", f"{name}, {n} process{'es' if n > 1 else ''}", "examples/s") for n in model_procs]
         out += [(f"{name}_scaling_n{n}", f"{name} scaling, {n} procs / 1", "x") for n in model_procs if n > 1]
+        out += [(f"{name}_cpu_scaling_n{n}", f"{name} CPU/example, 1 proc / {n}", "x")
+                for n in model_procs if n > 1]
     return out
 
 
 def with_scaling(figures: dict[str, float]) -> dict[str, float]:
-    """``figures`` plus ``<model>_scaling_n<n>`` = examples/s of n processes / of 1, where both are there."""
+    """``figures`` plus ``<model>_scaling_n<n>`` = examples/s of n processes / of 1, and
+    ``<model>_cpu_scaling_n<n>`` = CPU per example of 1 process / of n (1: data parallelism costs no CPU;
+    load does not move it, where it moves examples/s), where both are there."""
     out = dict(figures)
     for name in MODEL_NAMES:
-        one = figures.get(f"{name}_n1")
+        one, cpu_one = figures.get(f"{name}_n1"), figures.get(f"{name}_cpu_n1")
         for key, value in figures.items():
             if key.startswith(f"{name}_n") and key != f"{name}_n1" and one:
                 out[f"{name}_scaling_n{key[len(name) + 2:]}"] = value / one
+            if key.startswith(f"{name}_cpu_n") and key != f"{name}_cpu_n1" and cpu_one and value:
+                out[f"{name}_cpu_scaling_n{key[len(name) + 6:]}"] = cpu_one / value
     return out
+
+
+def _throughput_and_cpu(runs: Sequence[dict[str, Any]], batch: int) -> tuple[float, float]:
+    """A job's examples/s (its processes' sum) and CPU microseconds per example (every process's)."""
+    return (sum(r["examples_per_s"] for r in runs),
+            sum(r["cores"] * r["step_s"] for r in runs) / batch * 1e6)
 
 
 def comparison_rows(flotilla: dict[str, float], torch: dict[str, float], torch_measured: bool,
@@ -548,7 +564,7 @@ def comparison_rows(flotilla: dict[str, float], torch: dict[str, float], torch_m
     for key, label, unit in figure_catalog():
         if key not in flotilla:
             continue
-        load = loads.get(key.replace("_scaling", ""))
+        load = loads.get(key.replace("_cpu_scaling", "").replace("_scaling", ""))
         rows.append(Row(key, label, unit, flotilla[key], torch.get(key), torch_measured, load))
     return rows
 
@@ -790,21 +806,24 @@ def models_section(args: argparse.Namespace, steps: int, procs: Sequence[int], t
     for name in MODEL_NAMES:
         for n in procs:
             key = f"{name}_n{n}"
-            ours[key] = sum(r["examples_per_s"] for r in run_job(n, kind="model", name=name, steps=steps, batch=32))
-            line = f"   {name:>12} n={n}: Flotilla {ours[key]:7.0f}"
+            runs = run_job(n, kind="model", name=name, steps=steps, batch=32)
+            ours[key], ours[f"{name}_cpu_n{n}"] = _throughput_and_cpu(runs, 32)
+            line = f"   {name:>12} n={n}: Flotilla {ours[key]:7.0f} ({ours[f'{name}_cpu_n{n}']:4.0f} us CPU/ex)"
             load = loads.sample(key)
             if use_torch:
-                theirs[key] = sum(r["examples_per_s"] for r in run_job(n, kind="torch_model", name=name, steps=steps,
-                                                                       batch=32, threads=threads))
-                line += f"  torch {theirs[key]:7.0f}"
+                runs = run_job(n, kind="torch_model", name=name, steps=steps, batch=32, threads=threads)
+                theirs[key], theirs[f"{name}_cpu_n{n}"] = _throughput_and_cpu(runs, 32)
+                line += f"  torch {theirs[key]:7.0f} ({theirs[f'{name}_cpu_n{n}']:4.0f} us CPU/ex)"
                 load = loads.sample(key)
             print(f"{line}  (load {load:.1f})", flush=True)
         flo = with_scaling({k: v for k, v in ours.items() if k.startswith(name + "_")})
         report[f"{name}_examples_per_s"] = {
             **{f"n{n}": ours.get(f"{name}_n{n}", float("nan")) for n in procs},
-            **{f"scaling_n{n}": flo.get(f"{name}_scaling_n{n}", float("nan")) for n in procs if n > 1}}
+            **{f"scaling_n{n}": flo.get(f"{name}_scaling_n{n}", float("nan")) for n in procs if n > 1},
+            **{f"cpu_us_per_example_n{n}": ours.get(f"{name}_cpu_n{n}", float("nan")) for n in procs}}
     print("   (all processes share the machine's cores: the n-process job has the cores the 1 process had alone, "
-          "so a scaling near 1 is the ceiling here, not n)")
+          "so a scaling near 1 is the ceiling here, not n; CPU per example counts every process's CPU time, "
+          "which load does not distort)")
     return ours, theirs
 
 

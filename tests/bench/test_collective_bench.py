@@ -80,6 +80,19 @@ def test_rows_pair_figures_and_derive_scaling() -> None:
     assert rows["resnet_n4"].torch is None and rows["resnet_n4"].ratio is None
 
 
+def test_cpu_per_example_gives_a_load_free_scaling_row() -> None:
+    ours = {**FLOTILLA, "resnet_cpu_n1": 400.0, "resnet_cpu_n2": 440.0}
+    theirs = {**TORCH, "resnet_cpu_n1": 600.0, "resnet_cpu_n2": 900.0}
+    rows = {r.key: r for r in cb.comparison_rows(ours, theirs, True, {"resnet_n2": 3.5})}
+    assert "resnet_cpu_n1" not in rows  # the raw figures stay out of the table (lower is better there)
+    row = rows["resnet_cpu_scaling_n2"]
+    assert (row.flotilla, row.torch) == (pytest.approx(400 / 440), pytest.approx(600 / 900))
+    assert row.ratio == pytest.approx((400 / 440) / (600 / 900)) and row.load == 3.5
+    runs = [{"examples_per_s": 500.0, "cores": 0.5, "step_s": 0.032}, {"examples_per_s": 500.0, "cores": 1.0,
+                                                                         "step_s": 0.032}]
+    assert cb._throughput_and_cpu(runs, 32) == (1000.0, pytest.approx(1500.0))  # 48 ms of CPU for 32 examples
+
+
 def test_table_shows_values_ratios_loads() -> None:
     table = cb.format_table(cb.comparison_rows(FLOTILLA, TORCH, True, {"resnet_n2": 3.5}), "")
     line = next(ln for ln in table.splitlines() if ln.strip().startswith("resnet, 2 processes"))
