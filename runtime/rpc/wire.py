@@ -53,6 +53,8 @@ class Decoded:
 
 
 def _varint(n: int) -> bytes:
+    if 0 <= n < 0x80:  # one byte: every tag and most lengths and header values
+        return _ONE_BYTE[n]
     out = bytearray()
     while True:
         byte = n & 0x7F
@@ -64,7 +66,12 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
+_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))
+
+
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    if pos < len(buf) and buf[pos] < 0x80:  # one byte (the common case)
+        return buf[pos], pos + 1
     result = shift = 0
     while True:
         if pos >= len(buf) or shift > 63:
