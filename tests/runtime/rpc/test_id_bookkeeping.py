@@ -120,6 +120,7 @@ def test_split_merge_and_gradient_merge_share_one_sort(shapes: list[tuple[int, .
     for j, i in enumerate(ids):
         lead = i.shape[:-1] if i.shape[-1] == 1 else i.shape
         np.testing.assert_array_equal(np.asarray(got[j]), table[i.reshape(lead)])
+        assert np.asarray(got[j]).ctypes.data % 64 == 0, "merged rows outside aligned memory: XLA copies them"
     want_rows, want_values = merge_duplicate_rows(flat, grad_values)
     for k, out in enumerate(got[len(ids):]):
         mine = want_rows % shards == k
