@@ -578,7 +578,7 @@ def _cell(value: float | None, unit: str) -> str:
 def format_table(rows: Sequence[Row], torch_note: str) -> str:
     """The comparison table as text: figure, unit, Flotilla, torch, ratio, load; a torch figure not
     measured in this run is marked ``*`` and ``torch_note`` (which says so) follows the table."""
-    header = f"   {'figure':<34} {'unit':<10} {'Flotilla':>9} {'torch':>10} {'ratio':>6} {'load':>5}"
+    header = f"   {'figure':<36} {'unit':<10} {'Flotilla':>9} {'torch':>10} {'ratio':>6} {'load':>5}"
     lines = [header, "   " + "-" * (len(header) - 3)]
     marked = False
     for r in rows:
@@ -586,7 +586,7 @@ def format_table(rows: Sequence[Row], torch_note: str) -> str:
         if r.torch is not None and not r.torch_measured:
             torch_cell, marked = torch_cell + "*", True
         ratio = r.ratio
-        lines.append(f"   {r.label:<34} {r.unit:<10} {_cell(r.flotilla, r.unit):>9} {torch_cell:>10} "
+        lines.append(f"   {r.label:<36} {r.unit:<10} {_cell(r.flotilla, r.unit):>9} {torch_cell:>10} "
                      f"{'-' if ratio is None else f'{ratio:.2f}':>6} "
                      f"{'-' if r.load is None else f'{r.load:.1f}':>5}")
     if marked or torch_note:
