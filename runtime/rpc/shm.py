@@ -39,7 +39,10 @@ fails DEADLINE_EXCEEDED as over gRPC.
 
 References. A segment holds one transfer at a time, from ``HEADER_BYTES`` on: the bytes of a
 ``VariableBatch`` exactly as gRPC would carry them, so ``wire.decode_batch`` validates them exactly as
-it validates a gRPC request. A ``ShmRef`` names (trainer id, incarnation, segment, offset, length, seq)
+it validates a gRPC request. The pserver's answers (``ShmGet``, ``CONTROL_PREFETCH``), which the trainer
+reads in place, put each tensor of 512 bytes or more on a 64-byte boundary of the segment with a ``pad``
+field (``BatchWriter(align=True)``): XLA then uses it in place too instead of copying it into every
+compiled call that reads it. A ``ShmRef`` names (trainer id, incarnation, segment, offset, length, seq)
 and carries ``mac``, HMAC-SHA256 over those fields and the reference's purpose (``send``, ``ids``, ``slot``,
 ``reply``), keyed by the job token (or, in a job without one, by a random key the pserver answered in
 ``ShmOpen``). The receiver checks, before it reads a byte of the segment: the MAC (constant-time), the
