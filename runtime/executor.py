@@ -7,7 +7,10 @@ pure run becomes one ``jax.jit`` function over the variables it reads, returning
 what is needed afterwards: persistable variables, variables later runs or host ops read, and fetches;
 intermediates stay inside XLA. Persistable variables that a run both reads and writes (parameters,
 accumulators) are donated, so updates happen in place. Plans are cached on program identity, version,
-the fed names and the fetch list; jax caches compilations on feed shapes and dtypes.
+the fed names and the fetch list; jax caches compilations on feed shapes and dtypes. A plan of one pure
+run (a training step) also keeps its persistable arguments for the next ``run`` (``_ArgCache``): what it
+wrote in their place, used as long as the caller's scope has seen no other write (``Scope.stamp``), so a
+step with 183 parameters does not read and convert each of them again.
 
 Sub-blocks: ``run_block`` runs one (a pserver's optimize block); ``run_blocks`` plans several independent
 ones (``runtime.block_sets.block_dependency``: none reads or writes what another writes, except that all
@@ -75,6 +78,26 @@ class _PureRun:
     checked: list[str] = field(default_factory=list)  # outputs whose finiteness the call also returns
     fn: Any = None  # compiled on first use, when the data-parallel mesh (if any) is known
     dp: Any = None  # the runtime.collective.DataParallel it was compiled for
+    args: "_ArgCache | None" = None  # the persistable arguments of the next run (Executor.run, one-run plans)
+    canonical: bool | None = None  # whether its outputs are what a read of them would give (checked once)
+
+
+@dataclass
+class _ArgCache:
+    """A one-run plan's persistable arguments for its next run (the values its last run passed, or wrote in
+    their place), valid while the caller's scope and its ancestors have seen no write since that run
+    (``Scope.stamp``) and the mesh is the same: then reading and converting each of them again (~3 us an
+    argument; a Transformer step has 183) would give these very objects."""
+
+    scope: "weakref.ref[Scope]"
+    stamp: tuple[int, ...]
+    mesh: Any
+    values: dict[str, Any]
+
+    def get(self, scope: Scope, mesh: Any) -> dict[str, Any] | None:
+        if self.scope() is scope and self.mesh is mesh and scope.stamp() == self.stamp:
+            return self.values
+        return None
 
 
 @dataclass
@@ -243,7 +266,7 @@ class Executor:
             from runtime.collective import check_program
             check_program(program)
         try:
-            self._execute(program, block, plan, scope, dp)
+            self._execute(program, block, plan, scope, dp, cache_args=True)
             plan.runs += 1
             results = []
             for name in fetch:
@@ -465,10 +488,13 @@ class Executor:
 
     # --- execution
     def _execute(self, program: Program, block: Block, plan: _Plan, scope: Scope,
-                 dp: Any = None) -> list[tuple[list[str], Any]]:
-        """Run ``plan``; returns (checked names, their finiteness flags) of each pure run that checks any."""
+                 dp: Any = None, cache_args: bool = False) -> list[tuple[list[str], Any]]:
+        """Run ``plan``; returns (checked names, their finiteness flags) of each pure run that checks any.
+        ``cache_args`` (``run``; ``scope`` is a ``_RunScope``): a plan of one pure run keeps its persistable
+        arguments for the next run (``_ArgCache``)."""
         checks: list[tuple[list[str], Any]] = []
         mesh: Any = False  # resolved at the first pure run (after gen_nccl_id may have formed the group)
+        cacheable = cache_args and len(plan.steps) == 1
         for step in plan.steps:
             if isinstance(step, _HostStep):
                 get_host_kernel(step.op.type)(HostContext(self, scope, program, step.op.block), step.op)
@@ -477,31 +503,59 @@ class Executor:
                 mesh = self._data_parallel(plan, dp)
             if step.fn is None or step.dp is not mesh:
                 step.fn, step.dp = self._compile(step, block, mesh), mesh
+            donated, kept = self._arguments(scope, block, step, plan, mesh, cacheable)
             if mesh is None:
-                donated = tuple(self._read(scope, block, step, n, donate=True) for n in step.donated)
-                kept = tuple(self._read(scope, block, step, n) for n in step.kept)
                 outs = step.fn(donated, kept, np.uint32(plan.runs))
-            else:
-                outs = self._run_parallel(scope, block, step, mesh, plan)
+            else:  # the run counter only keys random ops: a run without any takes one cached global zero
+                outs = step.fn(donated, kept, mesh.counter(plan.runs if step.random else 0))
             if step.checked:
                 checks.append((step.checked, outs[-1]))
             for name, value in zip(step.outputs, outs):
                 scope.set_var(name, value)
+            if cacheable:
+                step.args = self._next_arguments(scope, step, plan, mesh, donated, kept, outs)
         return checks
 
-    def _run_parallel(self, scope: Scope, block: Block, step: _PureRun, mesh: Any, plan: _Plan) -> Any:
-        def arg(name: str, donate: bool) -> Any:
+    def _arguments(self, scope: Scope, block: Block, step: _PureRun, plan: _Plan, mesh: Any,
+                   cacheable: bool) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """The donated and kept arguments of ``step``: read from ``scope`` (over a mesh: as global arrays,
+        a converted persistable kept in the scope so the next step takes it as it is), persistable ones
+        from the step's ``_ArgCache`` when it is valid."""
+        cached = step.args.get(scope.parent, mesh) if cacheable and step.args is not None else None
+        step.args = None  # a call that fails after donating must not leave deleted buffers cached
+
+        def read(name: str, donate: bool) -> Any:
+            if mesh is None:
+                return self._read(scope, block, step, name, donate=donate)
             held = self._read(scope, block, step, name, local=False)
             value = mesh.to_global(held, name in step.batch)
             if value is not held and name in plan.persistable:
-                scope.set_var(name, value)  # keep the global array: the next step takes it as it is
+                scope.set_var(name, value)
             return value
 
-        donated = tuple(arg(n, True) for n in step.donated)
-        kept = tuple(arg(n, False) for n in step.kept)
-        # The run counter only keys random ops: a run without any takes one cached global zero.
-        runs = plan.runs if step.random else 0
-        return step.fn(donated, kept, mesh.counter(runs))
+        if cached is None:
+            return (tuple(read(n, True) for n in step.donated), tuple(read(n, False) for n in step.kept))
+        return (tuple(cached[n] if n in cached else read(n, True) for n in step.donated),
+                tuple(cached[n] if n in cached else read(n, False) for n in step.kept))
+
+    def _next_arguments(self, scope: Scope, step: _PureRun, plan: _Plan, mesh: Any, donated: tuple[Any, ...],
+                        kept: tuple[Any, ...], outs: Sequence[Any]) -> _ArgCache | None:
+        """After a run of a one-run plan: its persistable arguments for the next run (what it wrote in
+        their place, or what it passed), or None when a read would not give its outputs back as they are
+        (decided once a step)."""
+        made = dict(zip(step.outputs, outs))
+        values: dict[str, Any] = {}
+        for names, given in ((step.donated, donated), (step.kept, kept)):
+            for name, value in zip(names, given):
+                if name in plan.persistable:
+                    values[name] = made.get(name, value)
+        if step.canonical is None:
+            step.canonical = all(_as_read(values[n], n in step.batch, mesh) for n in values if n in made)
+        if not step.canonical:
+            return None
+        owner = scope.parent
+        assert owner is not None  # a _RunScope over the caller's scope
+        return _ArgCache(weakref.ref(owner), owner.stamp(), mesh, values)
 
     def _read(self, scope: Scope, block: Block, run: _PureRun, name: str, donate: bool = False,
               local: bool = True) -> Any:
@@ -624,6 +678,13 @@ def _is_batch(block: Block, name: str, persistable: frozenset[str] | set[str]) -
         return False
     var = block.find_var_recursive(name)
     return var is not None and bool(var.shape) and var.shape[0] == -1 and var.type != "selected_rows"
+
+
+def _as_read(value: Any, batch: bool, mesh: Any) -> bool:
+    """Whether reading ``value`` (a run's output) as the next run's argument gives it back unchanged."""
+    if not isinstance(value, jax.Array):
+        return False
+    return not _on_mesh(value) if mesh is None else mesh.to_global(value, batch) is value
 
 
 def _on_mesh(value: Any) -> bool:

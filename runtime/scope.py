@@ -103,9 +103,21 @@ class Scope:
     def __init__(self, parent: "Scope | None" = None) -> None:
         self.parent = parent
         self._vars: dict[str, Any] = {}
+        self._writes = 0  # set_var and erase calls so far (``stamp``)
 
     def set_var(self, name: str, value: Any) -> None:
         self._vars[name] = value
+        self._writes += 1
+
+    def stamp(self) -> tuple[int, ...]:
+        """The write counts of this scope and its ancestors: equal stamps mean no variable this scope
+        can see was set or erased in between (what the executor's argument cache relies on)."""
+        out = []
+        scope: Scope | None = self
+        while scope is not None:
+            out.append(scope._writes)
+            scope = scope.parent
+        return tuple(out)
 
     def find_var(self, name: str) -> Any | None:
         return self._lookup(name)
@@ -136,6 +148,7 @@ class Scope:
     def erase(self, names: list[str]) -> None:
         for n in names:
             self._vars.pop(n, None)
+        self._writes += 1
 
     def local_var_names(self) -> list[str]:
         return list(self._vars)

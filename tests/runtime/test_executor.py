@@ -247,6 +247,42 @@ def test_parameters_are_updated_in_place(ready: Any) -> None:
     assert scope.numpy("w").dtype == np.float32
 
 
+def test_a_training_step_reuses_its_parameters_until_someone_else_writes_the_scope(
+        ready: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    main, startup, loss, exe, scope = ready
+    reads: list[str] = []
+    real = executor_module.Executor._read
+    monkeypatch.setattr(executor_module.Executor, "_read",
+                        lambda self, sc, block, run, name, **kw: reads.append(name) or real(self, sc, block, run,
+                                                                                               name, **kw))
+    exe.run(main, feed=batch(seed=1), fetch_list=[loss], scope=scope)
+    assert {"w", "b"} <= set(reads)
+    reads.clear()
+    exe.run(main, feed=batch(seed=2), fetch_list=[loss], scope=scope)
+    assert set(reads) == {"x", "y"}  # only the feeds: the parameters are the ones the last step wrote
+    # A write to the scope (the user's, another program's) is seen by the next step, and trains from there.
+    w = np.full((8, 4), 0.25, np.float32)
+    scope.set_var("w", w.copy())
+    feed = batch(seed=3)
+    b = np.array(scope.numpy("b"))
+    exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
+    assert "w" in reads
+    d = feed["x"] @ w + b - feed["y"]
+    np.testing.assert_allclose(scope.numpy("w"), w - 0.1 * feed["x"].T @ (2.0 * d / d.size), rtol=1e-5, atol=1e-7)
+    # So is a parent scope's write that a child scope sees, and another scope with the same program.
+    child = scope.new_scope()
+    exe.run(main, feed=batch(seed=4), fetch_list=[loss], scope=child)
+    reads.clear()
+    scope.set_var("b", np.zeros(4, np.float32))
+    exe.run(main, feed=batch(seed=5), fetch_list=[loss], scope=child)
+    assert "b" in reads
+    other = runtime.Scope()
+    exe.run(startup, scope=other)
+    reads.clear()
+    exe.run(main, feed=batch(seed=6), fetch_list=[loss], scope=other)
+    assert {"w", "b"} <= set(reads)
+
+
 def test_fetch_results_are_copies(ready: Any) -> None:
     main, _, loss, exe, scope = ready
     first = exe.run(main, feed=batch(seed=1), fetch_list=[loss, "w", "b"], scope=scope)
