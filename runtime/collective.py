@@ -146,9 +146,12 @@ def join_group(trainer_id: int, endpoints: Sequence[str], program: Any = None) -
         kwargs["local_device_ids"] = [int(g) for g in gpus.split(",")]
     _limit_cpu_threads(trainer_id, eps)
     _bind_gloo(parse_endpoint(eps[trainer_id], "trainer endpoint")[0])
+    started = time.monotonic()
+    if trainer_id != 0:
+        _await_coordinator(eps[0], started + timeout)
     jax.distributed.initialize(coordinator_address=eps[0], num_processes=len(eps), process_id=trainer_id,
                                coordinator_bind_address=eps[0] if trainer_id == 0 else None,
-                               initialization_timeout=max(1, int(timeout)),
+                               initialization_timeout=max(1, int(timeout - (time.monotonic() - started))),
                                heartbeat_timeout_seconds=max(1, int(heartbeat)), **kwargs)
     _group = Group(trainer_id, eps)
     atexit.register(_exit_if_broken)  # runs before JAX's own exit handler, registered when JAX was imported
@@ -378,6 +381,22 @@ def _rendezvous(trainer_id: int, eps: tuple[str, ...], timeout: float, token: st
         _lead(host, port, len(eps), deadline, digest, eps, program)
     else:
         _follow(host, port, trainer_id, deadline, digest, eps, json.dumps(program).encode())
+
+
+def _await_coordinator(endpoint: str, deadline: float) -> None:
+    """Return once trainer 0's endpoint accepts a connection (its JAX coordinator is up), or at ``deadline``.
+
+    JAX's client, started before the coordinator listens, is refused and retries only after gRPC's 1 s
+    reconnect backoff, and every trainer of the group waited that second. Returning at the deadline without
+    a connection leaves the error to ``jax.distributed.initialize``, as before; a connection that reached the
+    rendezvous listener in its last moments only brings back the old wait."""
+    host, port = parse_endpoint(endpoint, "trainer 0's endpoint")
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+                return
+        except OSError:
+            time.sleep(0.02)
 
 
 def _mismatch_message(differences: dict[int, str]) -> str:

@@ -76,6 +76,10 @@ from runtime.rpc.wire import BATCH_FIELD, _varint, decode_batch, decode_variable
 
 DEFAULT_MAX_MESSAGE = 1 << 30
 _RETRY_BACKOFF = (0.1, 0.3, 1.0)
+# gRPC waits 1 s after a refused connection, then 1.6x longer each time (up to 2 min): a trainer started
+# beside its pservers (as a launcher starts a job) connected a second or more after they were listening.
+# Loopback and LAN refusals cost nothing, so retry from 100 ms, never more than a second apart.
+_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 1000)]
 _UNANNOUNCED = ("Announce", "Health")  # the calls that need no announcement first
 
 
@@ -98,7 +102,7 @@ class _Endpoint:
 
     def __init__(self, endpoint: str, max_message: int, security: RPCSecurity) -> None:
         self.endpoint = endpoint
-        options = grpc_options(max_message)
+        options = grpc_options(max_message) + _RECONNECT
         if security.client_tls:
             if security.server_name:
                 options.append(("grpc.ssl_target_name_override", security.server_name))

@@ -77,8 +77,9 @@ def load(path: pathlib.Path) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module", params=["auto", "xla"])
 def two_trainers(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> pathlib.Path:
-    """One 2-process job training every configuration (one group for all of them), its dense sums
-    through shared memory (``FLAGS_cpu_allreduce=auto``, every trainer on this host) or XLA's gloo."""
+    """One 2-process job training every configuration of ``worker.CONFIGS``, the DGC ones included (one
+    group for all of them), its dense sums through shared memory (``FLAGS_cpu_allreduce=auto``, every
+    trainer on this host; ``dgc_static`` then gathers its pairs through the group's arena) or XLA's gloo."""
     out = tmp_path_factory.mktemp("collective")
     ps = Procs()
     try:
@@ -235,27 +236,10 @@ def test_fingerprints_ignore_names_seeds_and_rank_attributes() -> None:
 DGC_RTOL, DGC_ATOL = 1e-4, 1e-5  # float32 training against a float64 numpy simulation
 
 
-@pytest.fixture(scope="module", params=["auto", "xla"])
-def dgc_trainers(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> pathlib.Path:
-    """One 2-process job training the three DGC configurations, with the group's shared-memory arena
-    (``dgc_static`` gathers its pairs through it) or XLA's collectives only."""
-    out = tmp_path_factory.mktemp("dgc")
-    ps = Procs()
-    try:
-        results = trainers(ps, out, configs="dgc,dgc_dense,dgc_static", FLAGS_cpu_allreduce=request.param)
-    finally:
-        ps.kill_all()
-    via = "shared memory" if request.param == "auto" else "XLA"
-    for code, text in results:
-        assert code == 0, text
-        assert f"dense sums through {via}" in text, text[-2000:]
-    return out
-
-
-def test_dgc_two_processes_equal_a_simulation_of_the_algorithm(dgc_trainers: pathlib.Path) -> None:
+def test_dgc_two_processes_equal_a_simulation_of_the_algorithm(two_trainers: pathlib.Path) -> None:
     """2-trainer DGC (2 dense steps, then sparsity 0.75, 0.9, 0.9; local clipping) equals the numpy
     simulation of DGC over the same shards of the same batches; both ranks hold the same parameters."""
-    rank0, rank1 = (load(dgc_trainers / f"dgc.rank{r}.npz") for r in (0, 1))
+    rank0, rank1 = (load(two_trainers / f"dgc.rank{r}.npz") for r in (0, 1))
     reference = worker.train_dgc_simulated(seed=100)
     for name, value in reference.items():
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=f"dgc: {name} differs between ranks")
@@ -264,16 +248,16 @@ def test_dgc_two_processes_equal_a_simulation_of_the_algorithm(dgc_trainers: pat
     assert not np.allclose(rank0["w0"], worker.train_single("momentum", seed=100)["w0"], rtol=1e-3, atol=1e-4)
 
 
-def test_dgc_before_rampup_equals_dense_momentum(dgc_trainers: pathlib.Path) -> None:
-    got = load(dgc_trainers / "dgc_dense.rank0.npz")
+def test_dgc_before_rampup_equals_dense_momentum(two_trainers: pathlib.Path) -> None:
+    got = load(two_trainers / "dgc_dense.rank0.npz")
     for name, value in worker.train_single("momentum", seed=100).items():
         np.testing.assert_allclose(got[name], value, rtol=RTOL, atol=ATOL, err_msg=f"dgc_dense: {name}")
 
 
-def test_dgc_compressed_from_step_0_equals_the_simulation_and_lowers_the_loss(dgc_trainers: pathlib.Path) -> None:
+def test_dgc_compressed_from_step_0_equals_the_simulation_and_lowers_the_loss(two_trainers: pathlib.Path) -> None:
     """Sparsity 0.75 from step 0 (one branch: the pairs go through the shared-memory arena when the job has
     one): equal to the simulation, equal on both ranks, and the loss over the run's batches falls."""
-    rank0, rank1 = (load(dgc_trainers / f"dgc_static.rank{r}.npz") for r in (0, 1))
+    rank0, rank1 = (load(two_trainers / f"dgc_static.rank{r}.npz") for r in (0, 1))
     for name, value in worker.train_dgc_simulated(seed=100, attrs=worker.DGC_STATIC_ATTRS).items():
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=f"dgc_static: {name} differs between ranks")
         np.testing.assert_allclose(rank0[name], value, rtol=DGC_RTOL, atol=DGC_ATOL, err_msg=f"dgc_static: {name}")

@@ -171,11 +171,28 @@ def trained(out: pathlib.Path, model: str, pservers: int, suffix: str = "") -> d
     return params
 
 
-SYNC_CASES = [("fc", "sgd", "const"), ("fc", "momentum", "const"), ("fc", "adam", "const"), ("fc", "sgd", "exp"),
-              ("table", "sgd", "const"), ("table", "adam", "exp")]
-# every case on gRPC; on the data plane a dense and a sparse one (the transport does not depend on the optimizer)
+SYNC_CASES = [("fc", "momentum", "const"), ("fc", "adam", "const"), ("fc", "sgd", "exp"), ("table", "sgd", "const")]
+# Every case on gRPC; on the data plane a dense and a sparse one (the transport does not depend on the
+# optimizer). Two more gRPC cases run as jobs other tests need anyway, with the same checks
+# (``check_sync_job``): fc/sgd/const in test_forged_complete_and_sequence_numbers_change_nothing[no-token-grpc]
+# (12 steps, forged requests refused) and table/adam/exp in test_sync_table_adam_exp_matches_local (8 steps,
+# the job test_checkpoint_restart_is_bit_identical resumes against).
 SYNC_RUNS = [(*case, "grpc") for case in SYNC_CASES] + [("fc", "adam", "const", "shm"),
                                                         ("table", "sgd", "const", "shm")]
+
+
+def check_sync_job(out: pathlib.Path, c: Cluster, model: str, opt: str, lr: str, plane: str, steps: int) -> None:
+    """The 2 x 2 sync job ``c`` that wrote ``out`` moved its tensors as ``plane`` says, both trainers hold the
+    same parameters, every one trained, and they are single-process training's on the union of the batches."""
+    check_plane(c, plane, ["trainer.0", "trainer.1"])
+    init, final = trained(out, model, 2, "_init"), trained(out, model, 2)
+    other = dict(np.load(out / "trainer_1.npz"))
+    for name in other:
+        np.testing.assert_array_equal(other[name], final[name], err_msg=f"trainers disagree on {name}")
+    expected = local_reference(model, opt, lr, init, 2, range(steps))
+    for name, value in expected.items():
+        assert not np.allclose(value, init[name]), f"{name} did not train"
+        np.testing.assert_allclose(final[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
 
 
 @pytest.mark.parametrize("model,opt,lr,plane", SYNC_RUNS, ids=["-".join(r) for r in SYNC_RUNS])
@@ -184,15 +201,28 @@ def test_sync_training_matches_local(tmp_path: pathlib.Path, clusters: list[Clus
     steps = 5  # past the exp rate's first step down (at 3), Adam's bias correction moving every step
     c = run_ok(clusters, tmp_path, 2, 2, ["--model", model, "--opt", opt, "--lr", lr, "--steps", str(steps)],
                env=DATA_PLANE[plane])
-    check_plane(c, plane, ["trainer.0", "trainer.1"])
-    init, final = trained(tmp_path, model, 2, "_init"), trained(tmp_path, model, 2)
-    other = dict(np.load(tmp_path / "trainer_1.npz"))
-    for name in other:
-        np.testing.assert_array_equal(other[name], final[name], err_msg=f"trainers disagree on {name}")
-    expected = local_reference(model, opt, lr, init, 2, range(steps))
-    for name, value in expected.items():
-        assert not np.allclose(value, init[name]), f"{name} did not train"
-        np.testing.assert_allclose(final[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+    check_sync_job(tmp_path, c, model, opt, lr, plane, steps)
+
+
+TABLE_ADAM_EXP = ["--model", "table", "--opt", "adam", "--lr", "exp"]
+
+
+@pytest.fixture(scope="module")
+def table_adam_exp_job(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(out, cluster) of one 2 x 2 sync job of the table model, Adam, the exp rate (it steps down at 3 and
+    6), 8 steps, data plane off; its processes are killed (by pid) at the module's end."""
+    out = tmp_path_factory.mktemp("table_adam_exp")
+    made: list[Cluster] = []
+    try:
+        yield out, run_ok(made, out, 2, 2, TABLE_ADAM_EXP + ["--steps", "8"], env=DATA_PLANE["grpc"])
+    finally:
+        for c in made:
+            c.kill()
+
+
+def test_sync_table_adam_exp_matches_local(table_adam_exp_job: Any) -> None:
+    out, c = table_adam_exp_job
+    check_sync_job(out, c, "table", "adam", "exp", "grpc", 8)
 
 
 def test_async_training_moves_every_parameter(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
@@ -266,10 +296,7 @@ def test_forged_complete_and_sequence_numbers_change_nothing(tmp_path: pathlib.P
     assert c.procs["pserver.0"].poll() is None and c.procs["pserver.1"].poll() is None
     codes = c.wait(fail_fast=True)
     assert all(code == 0 for code in codes.values()), f"exit codes {codes}; logs:\n{c.logs()}"
-    check_plane(c, plane, ["trainer.0", "trainer.1"])
-    init, final = trained(tmp_path, "fc", 2, "_init"), trained(tmp_path, "fc", 2)
-    for name, value in local_reference("fc", "sgd", "const", init, 2, range(steps)).items():
-        np.testing.assert_allclose(final[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+    check_sync_job(tmp_path, c, "fc", "sgd", "const", plane, steps)  # also SYNC_RUNS' fc/sgd/const on gRPC
 
 
 def test_restarted_trainer_rejoins_and_nothing_is_lost(tmp_path: pathlib.Path, clusters: list[Cluster],
@@ -330,16 +357,15 @@ def test_dead_pserver_fails_the_trainers_naming_it(tmp_path: pathlib.Path, clust
     assert time.monotonic() - killed_at < 15
 
 
-def test_checkpoint_restart_is_bit_identical(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
-    args = ["--model", "table", "--opt", "adam", "--lr", "exp"]
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    run_ok(clusters, whole, 2, 2, args + ["--steps", "8"])  # the exp rate steps down at 3 and 6: in both halves
+def test_checkpoint_restart_is_bit_identical(tmp_path: pathlib.Path, clusters: list[Cluster],
+                                            table_adam_exp_job: Any) -> None:
+    args = TABLE_ADAM_EXP
+    whole, _ = table_adam_exp_job  # 8 steps: the exp rate steps down at 3 and 6, in both halves
 
     first, ckpt = tmp_path / "first", tmp_path / "ckpt"
     first.mkdir()
     c = Cluster(first, 2, 2, args + ["--steps", "4", "--save-at", "4", "--ckpt", str(ckpt), "--hold"],
-                env={"FLOTILLA_CHECKPOINT_ROOT": str(tmp_path)})
+                env={"FLOTILLA_CHECKPOINT_ROOT": str(tmp_path), **DATA_PLANE["grpc"]})  # as the whole job
     clusters.append(c)
     c.wait_for(first / "saved")
     c.kill()
@@ -347,7 +373,8 @@ def test_checkpoint_restart_is_bit_identical(tmp_path: pathlib.Path, clusters: l
 
     second = tmp_path / "second"
     second.mkdir()
-    run_ok(clusters, second, 2, 2, args + ["--first-step", "4", "--steps", "4", "--load", str(ckpt)])
+    run_ok(clusters, second, 2, 2, args + ["--first-step", "4", "--steps", "4", "--load", str(ckpt)],
+           env=DATA_PLANE["grpc"])
     expected, got = trained(whole, "table", 2), trained(second, "table", 2)
     for name, value in expected.items():
         np.testing.assert_array_equal(got[name], value, err_msg=name)
