@@ -488,11 +488,13 @@ def worker_main(argv: list[str]) -> None:
 #: torch's figures from the last run of ``--vs-torch`` here, printed (marked "not measured in this run") when
 #: torch is not importable. Keys as ``figure_catalog``'s.
 RECORDED_TORCH: dict[str, Any] = {
-    "measured": "2026-11-25 on this 2-core machine by `python bench/collective_bench.py --vs-torch`, load 0.5-4.0",
+    "measured": "2026-11-25 on this 2-core machine by `python bench/collective_bench.py --vs-torch`, load 1.6-4.3",
     "torch": "2.13.0+cpu",
-    "figures": {"allreduce_4MiB_n2": 1.12, "allreduce_64MiB_n2": 1.70, "allreduce_4MiB_n4": 0.79,
-                "allreduce_64MiB_n4": 1.12, "resnet_n1": 1096.0, "resnet_n2": 681.0, "resnet_n4": 456.0,
-                "transformer_n1": 1252.0, "transformer_n2": 2485.0, "transformer_n4": 1300.0},
+    "figures": {"allreduce_4MiB_n2": 1.25, "allreduce_64MiB_n2": 1.67, "allreduce_4MiB_n4": 0.77,
+                "allreduce_64MiB_n4": 1.11, "resnet_n1": 1234.0, "resnet_n2": 652.0, "resnet_n4": 473.0,
+                "transformer_n1": 1601.0, "transformer_n2": 2174.0, "transformer_n4": 1226.0,
+                "resnet_cpu_scaling_n2": 0.42, "resnet_cpu_scaling_n4": 0.3, "transformer_cpu_scaling_n2": 0.84,
+                "transformer_cpu_scaling_n4": 0.5},
 }
 MODEL_NAMES = ("resnet", "transformer")
 ALLREDUCE_PROCS = (2, 4)
