@@ -85,3 +85,15 @@ def test_plot_writes_a_png_or_says_how_to_get_matplotlib(tmp_path: pathlib.Path,
             _row("1x2 async +shm", 15_000.0)]
     pb.plot_jobs(str(path), _result(rows, ["off", "auto"]))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_job_processes_get_the_threads_the_launcher_would_give(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.netns import LOOPBACK, Host
+
+    monkeypatch.setattr(pb, "available_cpus", lambda: 8)
+    other = Host("other", "10.0.0.2")
+    hosts = [LOOPBACK, LOOPBACK, LOOPBACK, other]  # a pserver and 2 trainers here, a trainer elsewhere
+    assert pb.launcher_env({"A": "1"}, hosts, LOOPBACK) == {"A": "1", "PJRT_NPROC": "2"}  # 8 CPUs / 3
+    assert pb.launcher_env({}, hosts, other)["PJRT_NPROC"] == "8"
+    mine = {"PJRT_NPROC": "5"}
+    assert pb.launcher_env(mine, hosts, LOOPBACK) is mine  # the user's setting is kept
