@@ -162,8 +162,17 @@ def _listening_hosts(**env: str) -> dict[str, set[str]]:
     """Run a 2-"host" collective job; each host's set of the addresses its trainer listened on."""
     port = free_ports(1)[0]
     procs = {me: _launcher(me, port, "--seconds", "2", "--report-sockets", **env) for me in (A, B)}
+    outs: dict[str, str] = {}
     try:
-        outs = {me: procs[me].communicate(timeout=60)[0] for me in (A, B)}
+        deadline = time.monotonic() + 120
+        for me in (A, B):
+            outs[me] = procs[me].communicate(timeout=max(1.0, deadline - time.monotonic()))[0]
+    except subprocess.TimeoutExpired:
+        for proc in procs.values():
+            _kill(proc)
+        late = {me: outs.get(me) or procs[me].communicate(timeout=10)[0] for me in (A, B)}
+        pytest.fail("the 2-host job did not end within 120 s:\n" + "\n".join(
+            f"--- launcher {me} (exit {procs[me].returncode}):\n{late[me][-3000:]}" for me in (A, B)))
     finally:
         for proc in procs.values():
             _kill(proc)

@@ -1,7 +1,8 @@
 """A collective trainer for the multi-host launcher tests: joins the group from Paddle's environment (as
 ``flotilla launch`` sets it), prints ``joined``, then all-gathers a value every 0.1 s until one rank's
-``--seconds`` (default 60) have passed (every rank stops after the same gather), then with
-``--report-sockets`` prints ``listening HOST:PORT`` for each socket it listens on.
+``--seconds`` (default 60) have passed (every rank stops after the same gather). With ``--report-sockets``
+it prints ``listening HOST:PORT`` for each socket it listens on, once, after the first gather (gloo's
+connections are made by then); nothing runs between the last gather and exit.
 A peer that vanishes fails the gather; the error then names the lost endpoints
 (``runtime.collective.describe_failure``) and the process exits 1."""
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> int:
 
     print(f"joined trainer {role.trainer_id} of {role.trainers}", flush=True)
     deadline = time.monotonic() + opts.seconds
+    first = True
     while True:
         # Every rank stops after the same gather: the one in which any rank's own deadline had passed. (Each
         # rank counting its own time would leave them a different number of collectives apart, and hang.)
@@ -37,13 +39,12 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - a peer left: name it
             print(f"error: {collective.describe_failure(e)}", file=sys.stderr, flush=True)
             os._exit(1)
+        if first and opts.report_sockets:
+            _report_listening()  # a slow report only makes the peer wait at the next gather
+        first = False
         if gathered[:, 1].any():
-            break
+            return 0
         time.sleep(0.1)
-    if opts.report_sockets:
-        _report_listening()
-    multihost_utils.sync_global_devices("flotilla-test-end")  # no rank leaves while another still reports
-    return 0
 
 
 def _report_listening() -> None:
