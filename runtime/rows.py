@@ -5,8 +5,8 @@ the per-step bookkeeping of a distributed table's ids.
 host write would need a copy back; these compiled gathers and scatters move only the rows. Row counts are
 padded to a power of two so each compiles for a few sizes, not once per call.
 
-A step's ids (``UniqueIds``): sorted once on the host (``np.unique`` with the inverse, ~0.15 ms for a CTR
-step's 13k ids), then shared by the three places that need them: the shards ``split_ids`` hands to
+A step's ids (``UniqueIds``): sorted once on the host (``IdSorter``), then shared by the three places
+that need them: the shards ``split_ids`` hands to
 ``prefetch``, ``merge_ids`` putting the fetched rows back in the ids' order (one numpy gather by the
 inverse), and the merge of the gradient's duplicate rows (``sum_rows``: a compiled segment sum by the
 same inverse, where the gradient already is, so only the merged rows come to the host). Measured on a
@@ -90,13 +90,72 @@ class UniqueIds:
         return positions
 
 
+class IdSorter:
+    """``unique_ids`` for one thread, keeping scratch memory between steps. Three ways, by the ids' range:
+
+    - ids in ``[0, SPAN_PER_ID * len(ids))`` (at least ``[0, MIN_SPAN)``): marked in a boolean array over
+      that span, read back in order (``np.flatnonzero``), each unique id's position written to a lookup
+      array that then gives the inverse (a CTR step's 13k ids of a 1M-row table: ~0.2 ms, against
+      ~0.65 ms for ``np.unique`` with its inverse). The scratch (5 bytes an id of the span) is kept
+      and grows to the largest span met; only the touched marks are cleared.
+    - otherwise, ids and positions packed into one int64 key when both fit (one ``np.sort``, no argsort);
+    - otherwise ``np.unique``.
+    """
+
+    MIN_SPAN = 1 << 21  # 10 MB of scratch at most for any step
+    SPAN_PER_ID = 64
+
+    def __init__(self) -> None:
+        self._mark = np.zeros(0, bool)
+        self._position = np.zeros(0, np.int32)
+
+    def __call__(self, ids: np.ndarray) -> UniqueIds:
+        """Sort ``ids`` (flat int64) once: their unique values and the inverse."""
+        n = len(ids)
+        if n >= np.iinfo(np.int32).max:
+            raise ExecutionError(f"{n} ids in one step; at most {np.iinfo(np.int32).max - 1} are supported",
+                                 hint="feed smaller batches")
+        if not n:
+            return UniqueIds(ids, ids[:0].copy(), np.zeros(0, np.int32))
+        low, high = int(ids.min()), int(ids.max())
+        if low >= 0 and high < max(self.MIN_SPAN, self.SPAN_PER_ID * n):
+            return self._marked(ids, high + 1)
+        index_bits = (n - 1).bit_length()
+        if low >= 0 and high.bit_length() + index_bits <= 62:
+            return _packed_unique(ids, index_bits)
+        unique, inverse = np.unique(ids, return_inverse=True)
+        return UniqueIds(ids, unique, inverse.astype(np.int32, copy=False).reshape(-1))
+
+    def _marked(self, ids: np.ndarray, span: int) -> UniqueIds:
+        if len(self._mark) < span:
+            size = padded_size(span)
+            self._mark, self._position = np.zeros(size, bool), np.empty(size, np.int32)
+        mark = self._mark
+        mark[ids] = True
+        unique = np.flatnonzero(mark[:span]).astype(np.int64, copy=False)
+        mark[unique] = False
+        self._position[unique] = np.arange(len(unique), dtype=np.int32)
+        return UniqueIds(ids, unique, self._position[ids])
+
+
+def _packed_unique(ids: np.ndarray, index_bits: int) -> UniqueIds:
+    """``unique_ids`` by one sort of ``id << index_bits | position`` keys (non-negative ids that fit)."""
+    n = len(ids)
+    keys = (ids << index_bits) | np.arange(n, dtype=np.int64)
+    keys.sort()
+    ordered = keys >> index_bits
+    starts = np.empty(n, bool)
+    starts[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    inverse = np.empty(n, np.int32)
+    inverse[keys & ((1 << index_bits) - 1)] = np.cumsum(starts, dtype=np.int32) - 1
+    return UniqueIds(ids, ordered[starts], inverse)
+
+
 def unique_ids(ids: np.ndarray) -> UniqueIds:
-    """Sort ``ids`` (flat int64) once: their unique values and the inverse."""
-    if len(ids) >= np.iinfo(np.int32).max:
-        raise ExecutionError(f"{len(ids)} ids in one step; at most {np.iinfo(np.int32).max - 1} are supported",
-                             hint="feed smaller batches")
-    unique, inverse = np.unique(ids, return_inverse=True)
-    return UniqueIds(ids, unique, inverse.astype(np.int32, copy=False).reshape(-1))
+    """Sort ``ids`` (flat int64) once: their unique values and the inverse (``IdSorter`` without kept
+    scratch)."""
+    return IdSorter()(ids)
 
 
 @with_x64

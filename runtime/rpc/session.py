@@ -6,7 +6,7 @@ Why a session: the kernels (``runtime.kernels.rpc``) run one op at a time but ba
 belong to the Executor that runs the program, and end when it is closed (``Executor.close`` sends every
 pserver Complete through ``close``). The client only talks; the kernels' memory is ``TrainerKernelState``,
 and ``split_ids`` for the id helpers, which carry no trainer id: per dense ``split_ids`` op (by its
-outputs) the ids it sorted last (``runtime.kernels.rpc._SplitIds``), which ``merge_ids`` and the merge of
+outputs) the ids it sorted last (``runtime.kernels.rpc._SplitIds``, sorted by the session's ``IdSorter``), which ``merge_ids`` and the merge of
 the table's gradient reuse only when they read those very ids.
 
 Invariants: made empty with the Executor; no gRPC is imported until a client is first asked for, so a
@@ -29,6 +29,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from runtime.rows import IdSorter
 from runtime.rpc.stream import ReceiveBuffers
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class RPCSession:
         self._clients: dict[int, "RPCClient"] = {}
         self._states: dict[int, TrainerKernelState] = {}
         self.split_ids: dict[tuple[str, ...], Any] = {}
+        self.id_sorter = IdSorter()  # its scratch is kept between steps
         self.host_buffers = ReceiveBuffers()  # aligned host memory for what host kernels hand compiled code
 
     @property

@@ -16,7 +16,7 @@ import runtime
 from ir.core import Program
 from runtime.kernels import rpc as rpc_kernels
 from runtime.kernels.rpc import merge_duplicate_rows
-from runtime.rows import sum_rows, unique_ids
+from runtime.rows import IdSorter, sum_rows, unique_ids
 from runtime.scope import ExecutionError, Scope, SelectedRows
 from runtime.x64 import x64
 
@@ -37,6 +37,37 @@ def test_unique_ids_inverse_rebuilds_the_ids(n: int) -> None:
     np.testing.assert_array_equal(got.unique, np.unique(ids))
     np.testing.assert_array_equal(got.unique[got.inverse], ids)
     assert got.inverse.dtype == np.int32 and got.ids is ids
+
+
+def _ids_for(path: str, n: int) -> np.ndarray:
+    """``n`` zipf-skewed ids whose range sends ``IdSorter`` down ``path``."""
+    ids = _zipf_ids(n)
+    if path == "marked":  # within the marked span
+        return ids * 997
+    if path == "packed":  # past the marked span, small enough to pack with the positions
+        return ids * (1 << 30) + 5
+    return ids * (1 << 40) - (1 << 45)  # negative and wide: np.unique
+
+
+@pytest.mark.parametrize("path", ["marked", "packed", "np.unique"])
+@pytest.mark.parametrize("n", [0, 1, 2, 300, 5000])
+def test_every_way_of_the_sorter_gives_numpys_unique_and_inverse(path: str, n: int) -> None:
+    sorter = IdSorter()
+    for _ in range(3):  # the marked way's scratch is reused: a step's marks must not leak into the next
+        ids = _ids_for(path, n)
+        got = sorter(ids)
+        want, inverse = np.unique(ids, return_inverse=True)
+        np.testing.assert_array_equal(got.unique, want)
+        np.testing.assert_array_equal(got.inverse, inverse.reshape(-1))
+        assert got.unique.dtype == np.int64 and got.inverse.dtype == np.int32 and got.ids is ids
+
+
+def test_the_marked_scratch_grows_to_the_largest_span() -> None:
+    sorter = IdSorter()
+    small, large = np.array([3, 1, 3], np.int64), np.array([IdSorter.MIN_SPAN - 1, 0, 7], np.int64)
+    np.testing.assert_array_equal(sorter(small).unique, [1, 3])
+    np.testing.assert_array_equal(sorter(large).unique, [0, 7, IdSorter.MIN_SPAN - 1])
+    np.testing.assert_array_equal(sorter(small).inverse, [1, 0, 1])
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3, 5])
