@@ -64,7 +64,8 @@ def test_options(capsys: pytest.CaptureFixture[str]) -> None:
     args = pb.parse_args(["--skip-jobs", "--data-plane", "both"])
     assert args.skip_jobs and args.data_plane == ["off", "auto"] and args.plot == ""
     for argv, words in ((["--plot", "out.svg"], "ending in .png"),
-                        (["--plot", "out.png", "--skip-jobs"], "leave out --skip-jobs")):
+                        (["--plot", "out.png", "--skip-jobs"], "leave out --skip-jobs"),
+                        (["--rounds", "0"], "and --rounds must be at least 1")):
         with pytest.raises(SystemExit):
             pb.parse_args(argv)
         assert words in capsys.readouterr().err
@@ -97,3 +98,19 @@ def test_job_processes_get_the_threads_the_launcher_would_give(monkeypatch: pyte
     assert pb.launcher_env({}, hosts, other)["PJRT_NPROC"] == "8"
     mine = {"PJRT_NPROC": "5"}
     assert pb.launcher_env(mine, hosts, LOOPBACK) is mine  # the user's setting is kept
+
+
+def test_rounds_report_each_job_from_its_median_ratio_round() -> None:
+    """``--rounds``: a job's ratio is taken against the single-process job of its own round; the row kept is
+    the median ratio's, with every round's ratio; the baseline keeps its median-CPU round."""
+    def round_rows(local_cpu: float, async_cpu: float, paddle_cpu: float | None) -> list[dict[str, Any]]:
+        rows = [_row("single-process", 1.0, pservers=0, cpu_ms_per_kex=local_cpu),
+                _row("1x2 async", async_cpu, cpu_ms_per_kex=async_cpu)]
+        return rows + ([_row("paddle 1x2 async", 1.0, paddle=True, cpu_ms_per_kex=paddle_cpu)] if paddle_cpu else [])
+
+    rounds = [round_rows(10.0, 14.0, 90.0), round_rows(20.0, 22.0, None), round_rows(12.0, 18.0, 80.0)]
+    local, job, paddle = pb.median_rounds(rounds)
+    assert local["cpu_ms_per_kex"] == 12.0  # the median of 10, 20, 12
+    assert job["cpu_ratio_rounds"] == [1.4, 1.1, 1.5] and job["cpu_ratio"] == 1.4 and job["per_trainer"] == 14.0
+    assert paddle["cpu_ratio_rounds"] == [9.0, 80.0 / 12.0]  # it ran in two rounds only
+    assert pb.median_rounds(rounds[:1]) == rounds[0]
