@@ -271,6 +271,7 @@ class PServer:
                              if (v.copy_of or n) in self.config.sparse_grad_to_param
                              and getattr(block.var(self.config.sparse_grad_to_param[v.copy_of or n]), "is_distributed", False)}
         self._gettable = {n for n, v in block.vars.items() if v.persistable}
+        self._reply_sizes: dict[str, int] = {}  # _reply_bytes, by name
         # Geo-SGD: per distributed table, which shard rows changed since each trainer last fetched them.
         self._geo_updates: dict[str, str] = {}  # updates name -> table
         self._geo_changed: dict[str, np.ndarray] = {}  # table -> bool [trainers, shard rows]
@@ -593,7 +594,14 @@ class PServer:
         return encoded
 
     def _reply_bytes(self, name: str) -> int:
-        """The bytes ``name``'s value takes on the wire (a geo-SGD update: at most its whole table)."""
+        """The bytes ``name``'s value takes on the wire (a geo-SGD update: at most its whole table), worked
+        out once a name (the program does not change while it is served)."""
+        known = self._reply_sizes.get(name)
+        if known is None:
+            known = self._reply_sizes[name] = self._reply_bytes_of(name)
+        return known
+
+    def _reply_bytes_of(self, name: str) -> int:
         var = self.program.global_block().var(self._geo_updates.get(name, name))
         if var.type == "raw":
             return 0

@@ -97,6 +97,17 @@ def as_host_array(value: Any) -> np.ndarray:
     return arr
 
 
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, remembered (numpy works it out in Python each time: ~5 us a tensor)."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
 def encode_parts(name: str, value: Any, *, trainer_id: int = 0, step: int = 0, seq: int = 0,
                  table_name: str = "", incarnation: int = 0) -> tuple[list[Any], int]:
     """The wire bytes of ``value`` (an array or SelectedRows) as variable ``name``, in pieces: ``(parts,
@@ -116,7 +127,7 @@ def encode_parts(name: str, value: Any, *, trainer_id: int = 0, step: int = 0, s
         parts += _raw_field(ROWS_FIELD, rows.data.cast("B"), rows.nbytes)
     else:
         values = as_host_array(value)
-    header.dtype = values.dtype.name
+    header.dtype = _dtype_name(values.dtype)
     header.dims.extend(values.shape)
     flat = values.reshape(-1).view(np.uint8) if values.size else b""
     parts += _raw_field(DATA_FIELD, flat.data if values.size else b"", values.nbytes)
