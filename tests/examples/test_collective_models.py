@@ -115,7 +115,10 @@ def _check_program_gradients(build: Callable[[], ir.Variable], feed: dict[str, n
     for name in params:  # move Constant-initialised parameters (bn scale 1, biases 0) off their defaults
         value = scope.numpy(name)
         scope.set_var(name, value + rng.normal(0.0, 0.1, value.shape))
-    values = exe.run(main, feed=feed, fetch_list=[loss] + [g for _, g in pairs], scope=scope)
+    # Every run fetches the same list: the executor compiles a program once per fetch list, and compiling
+    # (about 1.5 s for the ResNet block) is most of this test.
+    fetch = [loss] + [g for _, g in pairs]
+    values = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
     grads = dict(zip(params, values[1:]))
     eps = 1e-6
     for name in params:
@@ -124,7 +127,7 @@ def _check_program_gradients(build: Callable[[], ir.Variable], feed: dict[str, n
         at = []
         for sign in (1.0, -1.0):
             scope.set_var(name, base + sign * eps * direction)
-            at.append(float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0][0]))
+            at.append(float(exe.run(main, feed=feed, fetch_list=fetch, scope=scope)[0][0]))
         scope.set_var(name, base)
         numeric = (at[0] - at[1]) / (2 * eps)
         analytic = float(np.sum(grads[name] * direction))

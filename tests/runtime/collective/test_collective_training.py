@@ -126,14 +126,28 @@ def test_local_sgd_momentum_k1_and_k2_keep_ranks_equal(two_trainers: pathlib.Pat
     assert not np.allclose(k2[0]["w0"], k2[1]["w0"])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("config", ["momentum_fused", "adam_unfused"])
-def test_two_devices_in_one_process(tmp_path: pathlib.Path, procs: Procs, config: str) -> None:
-    p = procs.start(["--devices", "--configs", config, "--out", str(tmp_path)],
-                    XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    code, text = procs.wait(p)
+DEVICE_CONFIGS = ("momentum_fused", "adam_unfused")
+
+
+@pytest.fixture(scope="module")
+def two_devices(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """One process with two CPU devices training each of ``DEVICE_CONFIGS`` in turn (``--devices``)."""
+    out = tmp_path_factory.mktemp("devices")
+    ps = Procs()
+    try:
+        p = ps.start(["--devices", "--configs", ",".join(DEVICE_CONFIGS), "--out", str(out)],
+                     XLA_FLAGS="--xla_force_host_platform_device_count=2")
+        code, text = ps.wait(p)
+    finally:
+        ps.kill_all()
     assert code == 0, text
-    got = load(tmp_path / f"{config}.devices.npz")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", DEVICE_CONFIGS)
+def test_two_devices_in_one_process(two_devices: pathlib.Path, config: str) -> None:
+    got = load(two_devices / f"{config}.devices.npz")
     assert got.pop("losses").shape == (2,)  # one loss a device, as Fluid's ParallelExecutor fetches
     ref = worker.train_single(worker.CONFIGS[config][0], seed=100)
     for name, value in ref.items():

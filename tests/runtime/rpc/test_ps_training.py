@@ -172,13 +172,14 @@ def trained(out: pathlib.Path, model: str, pservers: int, suffix: str = "") -> d
 
 
 SYNC_CASES = [("fc", "momentum", "const"), ("fc", "adam", "const"), ("fc", "sgd", "exp"), ("table", "sgd", "const")]
-# Every case on gRPC; on the data plane a dense and a sparse one (the transport does not depend on the
-# optimizer). Two more gRPC cases run as jobs other tests need anyway, with the same checks
-# (``check_sync_job``): fc/sgd/const in test_forged_complete_and_sequence_numbers_change_nothing[no-token-grpc]
-# (12 steps, forged requests refused) and table/adam/exp in test_sync_table_adam_exp_matches_local (8 steps,
-# the job test_checkpoint_restart_is_bit_identical resumes against).
-SYNC_RUNS = [(*case, "grpc") for case in SYNC_CASES] + [("fc", "adam", "const", "shm"),
-                                                        ("table", "sgd", "const", "shm")]
+# Every case on gRPC; on the data plane a sparse one here and a dense one in
+# test_forged_complete_and_sequence_numbers_change_nothing[token-shm] (fc/sgd/const, 12 steps, the same
+# ``check_sync_job``): the transport does not depend on the optimizer. Two more gRPC cases run as jobs other
+# tests need anyway, with the same checks: fc/sgd/const in
+# test_forged_complete_and_sequence_numbers_change_nothing[no-token-grpc] (forged requests refused) and
+# table/adam/exp in test_sync_table_adam_exp_matches_local (8 steps, the job
+# test_checkpoint_restart_is_bit_identical resumes against).
+SYNC_RUNS = [(*case, "grpc") for case in SYNC_CASES] + [("table", "sgd", "const", "shm")]
 
 
 def check_sync_job(out: pathlib.Path, c: Cluster, model: str, opt: str, lr: str, plane: str, steps: int) -> None:
@@ -233,9 +234,9 @@ def test_async_training_moves_every_parameter(tmp_path: pathlib.Path, clusters: 
 
 
 def test_uneven_data_finishes(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
-    run_ok(clusters, tmp_path, 2, 3, ["--steps", "10"],
-           trainer_args={1: ["--steps", "20"], 2: ["--steps", "30"]})
-    assert "every trainer completed after 30 updates" in clusters[0].log("pserver.0")
+    run_ok(clusters, tmp_path, 2, 3, ["--steps", "3"],
+           trainer_args={1: ["--steps", "6"], 2: ["--steps", "9"]})
+    assert "every trainer completed after 9 updates" in clusters[0].log("pserver.0")
 
 
 def test_uneven_data_averages_over_the_trainers_present(tmp_path: pathlib.Path, clusters: list[Cluster]) -> None:
