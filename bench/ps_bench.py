@@ -812,17 +812,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if args.rounds > 1:
                 print(f"round {round_no + 1} of {args.rounds}", flush=True)
             rows = []
+            here = tmp / f"round{round_no + 1}"  # each round's jobs in their own directories
+            here.mkdir()
             for job in jobs:
                 for suffix, job_env in (variants if job.pservers else variants[:1]):
                     start = time.perf_counter()
                     named = Job(job.name + suffix, job.pservers, job.trainers, job.mode)
-                    rows.append(run_job(named, args, job_env, tmp))
+                    rows.append(run_job(named, args, job_env, here))
                     print(f"{named.name}: {rows[-1]['per_trainer']:,.0f} examples/s per trainer, {rows[-1]['total']:,.0f} "
                           f"total ({time.perf_counter() - start:.1f}s with start-up)", flush=True)
                 if job.pservers and paddle and job.mode in ("sync", "async"):
                     theirs = Job(f"paddle {job.name}", job.pservers, job.trainers, job.mode, paddle=args.paddle_python)
                     try:
-                        rows.append(run_job(theirs, args, variants[0][1], tmp))
+                        rows.append(run_job(theirs, args, variants[0][1], here))
                     except BenchError as e:  # Paddle's own failure is a figure too, not the end of this run
                         paddle_failures[theirs.name] = str(e.message).splitlines()[0]
                         print(f"{theirs.name} ({paddle}) failed: {paddle_failures[theirs.name]}", flush=True)
