@@ -6,10 +6,10 @@ host write would need a copy back; these compiled gathers and scatters move only
 padded to a power of two so each compiles for a few sizes, not once per call.
 
 A step's ids (``UniqueIds``): sorted once on the host (``IdSorter``), then shared by the three places
-that need them: the shards ``split_ids`` hands to
-``prefetch``, ``merge_ids`` putting the fetched rows back in the ids' order (one numpy gather by the
-inverse), and the merge of the gradient's duplicate rows (``sum_rows``: a compiled segment sum by the
-same inverse, where the gradient already is, so only the merged rows come to the host). Measured on a
+that need them: the shards ``split_ids`` hands to ``prefetch``, ``merge_ids`` putting the fetched rows
+back in the ids' order (one numpy gather by the inverse), and the merge of the gradient's duplicate
+rows (``sum_rows``: a compiled segment sum by the same inverse, where the gradient already is, so only
+the merged rows come to the host). Measured on a
 CTR step (26 x 512 ids, zipf; CPU time): the numpy bookkeeping this replaces (sort-unique, argsort +
 searchsorted + gather, stable argsort + reduceat, ~2.4 ms) against ~0.4 ms; a fixed-size
 ``jnp.unique(size=n, return_inverse=True)`` inside compiled code took ~2 ms for the unique alone, so
