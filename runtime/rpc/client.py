@@ -145,7 +145,9 @@ class RPCClient:
         self.retries = retries if retries is not None else flag("FLAGS_rpc_retry_times")
         self.max_message = max_message
         self.step = 0
-        self._barrier_sent = False
+        self._barrier_sent = False  # a SEND barrier of `step` went out (to `_barrier_eps`)
+        self._barrier_eps: frozenset[str] = frozenset()
+        self._fetch_owed: list[str] = []  # pservers owed the FETCH barrier of `step - 1` (see `barrier`)
         self._endpoints: dict[str, _Endpoint] = {}
         self._seq: dict[tuple[str, str], int] = {}  # (endpoint, variable) -> the last seq sent
         self._outbox: dict[str, list[tuple[str, Any, int, int]]] = {}  # endpoint -> (name, value, seq, step)
@@ -668,18 +670,33 @@ class RPCClient:
         return value
 
     def barrier(self, endpoints: Sequence[str], send: bool) -> None:
-        """This trainer's SEND (``send``) or FETCH barrier of its current step on every endpoint."""
+        """This trainer's SEND (``send``) or FETCH barrier of its current step on every endpoint.
+
+        A FETCH barrier is not sent: a pserver counts the trainer's next SEND barrier (or its Complete) as
+        its FETCH barrier of the step before (``runtime.rpc.pserver``), so a sync step costs one call per
+        pserver. Only a pserver the next SEND barrier does not go to is sent the FETCH barrier it is owed,
+        with that SEND barrier; one the trainer sent no SEND barrier to is owed none."""
         self.wait_sends()
         self._drain_pulls()
-        kind = pb.SEND if send else pb.FETCH
-        req = pb.BarrierRequest(trainer_id=self.trainer_id, step=self.step, kind=kind,
-                                incarnation=self.incarnation).SerializeToString()
-        self._all([(ep, "Barrier", req, f"({'SEND' if send else 'FETCH'}, step {self.step})") for ep in endpoints])
-        if send:
-            self._barrier_sent = True
-        elif self._barrier_sent:
-            self.step += 1
-            self._barrier_sent = False
+        if not send:
+            if self._barrier_sent:  # else the trainer startup program's: it changes nothing at the pservers
+                self._fetch_owed = [ep for ep in endpoints if ep in self._barrier_eps]
+                self.step += 1
+                self._barrier_sent = False
+            return
+        req = self._barrier_request(pb.SEND, self.step)
+        jobs = [(ep, "Barrier", req, f"(SEND, step {self.step})") for ep in endpoints]
+        owed = [ep for ep in self._fetch_owed if ep not in endpoints]
+        if owed:
+            fetch = self._barrier_request(pb.FETCH, self.step - 1)
+            jobs += [(ep, "Barrier", fetch, f"(FETCH, step {self.step - 1})") for ep in owed]
+        self._all(jobs)
+        self._fetch_owed = []
+        self._barrier_sent, self._barrier_eps = True, frozenset(endpoints)
+
+    def _barrier_request(self, kind: int, step: int) -> bytes:
+        return pb.BarrierRequest(trainer_id=self.trainer_id, step=step, kind=kind,
+                                 incarnation=self.incarnation).SerializeToString()
 
     def checkpoint(self, endpoints: Sequence[str], dirname: str) -> None:
         self.wait_sends()

@@ -163,7 +163,7 @@ class ParameterServerService:
     def get_variables(self, raw: bytes) -> bytes:
         req = _parse(pb.GetVariablesRequest, raw)
         names = self._get_names(req)
-        # Sync mode: nothing changes a parameter before this trainer's FETCH barrier, so the batch is built
+        # Sync mode: nothing changes a parameter before this trainer's next SEND barrier, so the batch is built
         # from views (one copy); async: each value is copied under its writer's lock (see PServer.get_many).
         encode = encode_parts if self.pserver.config.sync_mode else encode_variable
         return encode_batch(self.pserver.get_many(req.trainer_id, names, encode, max_bytes=self.max_message))

@@ -124,6 +124,34 @@ def test_fetch_barriers_advance_the_step_and_gate_the_next_send_barrier(make_pse
     _assert_params(h, _sgd(after0, g_next, g1_next, scale=0.5))
 
 
+def test_the_next_send_barrier_counts_as_the_fetch_barrier(make_pserver: Callable[..., Any],
+                                                          spawn: Callable[..., Any]) -> None:
+    """RPCClient sends no FETCH barrier: a trainer's SEND barrier of step s + 1 is its FETCH barrier of s.
+    The step still waits for every trainer, and step s + 1 still optimizes only once all are in."""
+    h = make_pserver(True)
+    ps = h.pserver
+    before = h.params()
+    g = [random_grads(20 + k) for k in range(4)]
+    h.send_grads(g[0], trainer_id=0, seq=1)
+    h.send_grads(g[1], trainer_id=1, seq=1)
+    b1 = spawn(lambda: ps.barrier(1, 0, SEND, inc(1)))
+    ps.barrier(0, 0, SEND, inc(0))
+    b1.join()
+    after0 = h.params()
+    h.send_grads(g[2], trainer_id=0, step=1, seq=2)
+    early = spawn(lambda: ps.barrier(0, 1, SEND, inc(0)))
+    early.thread.join(BLOCKED_S)
+    assert early.alive() and ps.health()["step"] == 0, "step 0 ended without trainer 1's fetch"
+    _assert_unchanged(h, after0)
+    h.send_grads(g[3], trainer_id=1, step=1, seq=2)
+    ps.barrier(1, 1, SEND, inc(1))
+    early.join()
+    assert ps.health()["step"] == 1 and ps.steps_run == 2
+    _assert_params(h, _sgd(_sgd(before, g[0], g[1], scale=0.5), g[2], g[3], scale=0.5))
+    ps.barrier(0, 0, FETCH, inc(0))  # a late explicit FETCH barrier of step 0 (a Fluid client): a no-op
+    assert ps.health()["step"] == 1 and ps.steps_run == 2
+
+
 def test_fetch_barrier_without_a_send_barrier_is_a_no_op(make_pserver: Callable[..., Any],
                                                           spawn: Callable[..., Any]) -> None:
     h = make_pserver(True)

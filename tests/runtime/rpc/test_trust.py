@@ -382,6 +382,38 @@ def test_a_trainer_restarted_after_sending_for_the_next_step_joins_one_step_late
     assert joined.join() == 2
 
 
+def test_a_trainer_restarted_owing_its_fetch_barrier_joins_at_the_next_step_and_loses_no_batch(
+        make_pserver: Callable[..., PSHandle], spawn: Callable[..., Any]) -> None:
+    """RPCClient's FETCH barrier rides on its next SEND barrier: a trainer killed between its fetches of
+    step 0 and its SEND barrier of step 1 holds the pserver at step 0 until its restart, which takes part
+    in step 1 (its batch of step 1 is not dropped)."""
+    h = make_pserver(True)
+    ps = h.pserver
+    g = {k: random_grads(70 + k) for k in range(4)}
+    h.send_grads(g[0], trainer_id=0, step=0, seq=1)
+    h.send_grads(g[1], trainer_id=1, step=0, seq=1)
+    first = spawn(lambda: ps.barrier(1, 0, BarrierKind.SEND, inc(1)))
+    ps.barrier(0, 0, BarrierKind.SEND, inc(0))
+    first.join()  # trainer 1 fetches, then dies before its SEND barrier of step 1
+    h.send_grads(g[2], trainer_id=0, step=1, seq=2)
+    waiting = spawn(lambda: ps.barrier(0, 1, BarrierKind.SEND, inc(0)))
+    waiting.thread.join(0.3)
+    assert waiting.alive() and ps.health()["step"] == 0
+    new = inc(1) + 0x200
+    assert ps.announce(1, new) == 1 and ps.health()["step"] == 1  # the step boundary it owed is passed
+    waiting.thread.join(0.3)
+    assert waiting.alive(), "step 1 ran without the restarted trainer"
+    before1 = h.params()
+    for param, value in g[3].items():
+        ps.send(decode_variable(encode_variable(h.grad_name(param, 1), value, trainer_id=1, step=1, seq=1,
+                                                incarnation=new)))
+    ps.barrier(1, 1, BarrierKind.SEND, new)
+    waiting.join()
+    for p in PARAMS:
+        np.testing.assert_allclose(h.params()[p], before1[p] - np.float32(LR) * (g[2][p] + g[3][p]) * np.float32(0.5),
+                                   rtol=1e-6, atol=1e-6)
+
+
 def test_a_restarted_trainer_is_refused_when_the_job_forbids_rejoin(make_pserver: Callable[..., PSHandle],
                                                                     raws: Callable[..., Raw]) -> None:
     h = make_pserver(True, serve=True, allow_rejoin=False)
