@@ -130,15 +130,19 @@ class ShmError(FlotillaError):
 
 
 def host_id() -> str:
-    """What identifies this host's shared memory: the kernel's boot id, the host name, and the device and
-    inode of ``/dev/shm`` (two containers of one kernel with separate ``/dev/shm`` differ)."""
+    """What identifies this host's shared memory: the kernel's boot id, the host name, the device and
+    inode of ``/dev/shm`` (two containers of one kernel with separate ``/dev/shm`` differ), and the network
+    namespace (the control socket, an abstract Unix socket, lives in one; ``runtime.shm_collective`` counts
+    it too): processes in other namespaces are on another host, and take the TCP plane
+    (``runtime.rpc.tcp_plane``)."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
         st = os.stat(SHM_DIR)
+        net = os.stat("/proc/self/ns/net").st_ino
     except OSError:
         return ""
-    return f"{boot}/{socket.gethostname()}/{st.st_dev}:{st.st_ino}"
+    return f"{boot}/{socket.gethostname()}/{st.st_dev}:{st.st_ino}/net:{net}"
 
 
 def ref_mac(key: bytes, purpose: bytes, ref: pb.ShmRef) -> bytes:
@@ -425,6 +429,7 @@ class PServerPlane:
         self._trainers: dict[int, _TrainerSegments] = {}
         self._closed = False
         self.control: ControlServer | None = None  # announced in every segment's header (start_server sets it)
+        self.tcp: Any = None  # the runtime.rpc.tcp_plane.TcpPlaneServer answered to other hosts (start_server sets it)
 
     def open(self, req: pb.ShmOpenRequest) -> pb.ShmOpenReply:
         """Create one more segment for the trainer (see the module docstring), or say why not."""
@@ -437,7 +442,9 @@ class PServerPlane:
         if not self.enabled:
             return pb.ShmOpenReply(reason="this pserver runs with FLAGS_rpc_data_plane=off")
         if not self._host or req.host != self._host:
-            return pb.ShmOpenReply(reason="the trainer runs on another host")
+            port = self.tcp.port if self.tcp is not None else 0
+            return pb.ShmOpenReply(reason="the trainer runs on another host" + ("" if port else
+                                   " and this pserver has no TCP data plane (no job token, or TLS)"), tcp_port=port)
         size = round_size(int(req.min_bytes))
         with self._lock:
             if self._closed:
