@@ -7,6 +7,10 @@
   single-process training on the union of the trainers' batches from the same initial values
   (``tests/runtime/rpc/test_ps_training.py``'s criterion: float64, rtol 1e-9, atol 1e-12), for a model with
   a distributed table, Adam and a decaying learning rate.
+- The same job with every batch on the data plane (``FLAGS_rpc_data_plane_min_bytes=1``): each trainer
+  moves its batches to the pserver of the other host on the TCP plane (``runtime.rpc.tcp_plane``; its
+  ``data plane:`` line says ``tcp (N transfers)``) and to the one of its own host through shared memory,
+  and the parameters equal the same job on pure gRPC (``FLAGS_rpc_data_plane=off``), rtol 1e-9.
 - The CTR example laid out the same way: every trainer trains its 14 batches, and trainer 0's test AUC
   passes the distributed examples' bar (``tests/examples/test_examples_distributed.py``: > 0.72) and is
   within ``AUC_MARGIN`` of one process trained on the union of the batches (batch 1024 of the same shuffle
@@ -161,6 +165,36 @@ def test_ps_2x2_sync_across_two_hosts_equals_one_process(tmp_path: pathlib.Path,
     for name, value in local_reference(model, opt, lr, init, 2, range(steps)).items():
         assert not np.allclose(value, init[name]), f"{name} did not train"
         np.testing.assert_allclose(final[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_ps_2x2_sync_across_two_hosts_on_the_tcp_plane_equals_grpc(tmp_path: pathlib.Path,
+                                                                    netns_hosts: Callable[[int], Hosts]) -> None:
+    model, opt, lr, steps = "table", "adam", "exp", 8
+    final = {}
+    for plane in ("auto", "off"):  # every batch on the data plane (min bytes 1), then pure gRPC
+        out = tmp_path / plane
+        out.mkdir()
+        job = Job(netns_hosts(2), out, {**PS_FLAGS, "FLAGS_rpc_data_plane": plane,
+                                        "FLAGS_rpc_data_plane_min_bytes": "1"})
+        servers, _ = start_ps(job, ["-m", "tests.runtime.rpc.ps_worker", "--out", str(out), "--model", model, "--opt",
+                                    opt, "--lr", lr, "--steps", str(steps)])
+        codes = job.wait()
+        assert all(c == 0 for c in codes.values()), f"{plane}: exit codes {codes}; logs:\n{job.logs()}"
+        for t in (0, 1):  # trainer t: shared memory with the pserver of its host, TCP with the other's
+            line = re.search(r"^data plane: (.*)$", job.log(f"trainer.{t}"), re.MULTILINE)
+            assert line, job.logs()
+            if plane == "auto":
+                assert re.search(rf"{re.escape(servers[1 - t])} tcp \([1-9]\d* transfers\)", line.group(1)), \
+                    line.group(1)
+                assert f"{servers[t]} shm" in line.group(1), line.group(1)
+            else:
+                assert line.group(1) == "unused", line.group(1)
+        final[plane] = trained(out, model, 2)
+        if plane == "auto":
+            init = trained(out, model, 2, "_init")
+    for name, value in final["off"].items():
+        assert not np.allclose(value, init[name]), f"{name} did not train"
+        np.testing.assert_allclose(final["auto"][name], value, rtol=1e-9, atol=1e-12, err_msg=name)
 
 
 def test_nccl2_two_trainers_on_two_hosts_equal_one_process(tmp_path: pathlib.Path,
