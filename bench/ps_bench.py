@@ -37,7 +37,11 @@ measured in one run on 127.0.0.1 against baselines measured in the same run.
     for the rate alone where the kernel has no netem, which the output then says) run every PS job again
     with pserver i and trainer i on host i mod n (endpoints on the hosts' addresses, a job token set: a
     pserver refuses a non-loopback endpoint without one), beside the loopback rows. Building namespaces
-    needs root and iproute2.
+    needs root and iproute2. With ``--netns`` the transport section also runs across the two hosts (plain
+    links): a transport pserver per data-plane mode on host 0 (a job token set) and the client
+    (``ps_bench_worker.py transport-client``) on host 1, sending and fetching each size with
+    ``FLAGS_rpc_data_plane=auto`` (the cross-host TCP plane, ``runtime.rpc.tcp_plane``) and ``off`` (gRPC)
+    in turn in every repetition; printed as GB/s and the ratio TCP plane / gRPC.
 (f) Data plane: ``--data-plane off|auto|both`` sets ``FLAGS_rpc_data_plane`` of every process (default auto).
     With ``both`` the transport runs against one pserver per mode (gRPC, and shared memory: this process
     is on the pserver's host) and every PS job runs both ways (the auto run marked ``+shm``); a table puts
@@ -279,6 +283,48 @@ def bench_transport(procs: Procs, sizes_mib: list[int], reps: int, modes: list[s
             client.close()
     procs.wait_all(60.0)
     return tcp, by_mode
+
+
+def bench_transport_netns(tmp: pathlib.Path, env: dict[str, str], sizes_mib: list[int], reps: int,
+                          timeout: float) -> dict[str, Any]:
+    """The transport across two namespaced hosts: ``{"rates": {mode: {MiB: {send, get}}}, "state": ...}``
+    (``auto``: the TCP plane; ``off``: gRPC), measured by the transport client on host 1 against one
+    transport pserver per mode on host 0."""
+    env = {**env, "FLOTILLA_JOB_TOKEN": os.urandom(32).hex()}  # a pserver beyond loopback requires one
+    sizes = ",".join(map(str, sizes_mib))
+    out = tmp / "netns_transport.json"
+    with Hosts.create(2) as built:
+        server, client = built.hosts()
+        procs = Procs(tmp, env)
+        try:
+            endpoints = {mode: f"{server.address}:{6170 + i}" for i, mode in enumerate(("auto", "off"))}
+            for mode, ep in endpoints.items():
+                procs.start(f"netns-transport-pserver-{mode}", "transport-pserver", "--endpoint", ep, "--sizes-mib",
+                            sizes, host=server, env={**env, "FLAGS_rpc_data_plane": mode})
+            procs.start("netns-transport-client", "transport-client", "--endpoints", ",".join(endpoints.values()),
+                        "--modes", ",".join(endpoints), "--sizes-mib", sizes, "--reps", str(reps), "--out", str(out),
+                        "--timeout", str(timeout), host=client)
+            procs.wait_all(timeout)
+        finally:
+            procs.kill()
+    result = json.loads(out.read_text())
+    result["rates"] = {mode: {int(mib): v for mib, v in by.items()} for mode, by in result["rates"].items()}
+    (tcp_state,) = result["state"]["auto"].values()
+    if not tcp_state.startswith("tcp ("):
+        raise BenchError(f"the TCP data plane did not carry the cross-host transfers: {result['state']}")
+    return result
+
+
+def print_transport_netns(netns: dict[str, Any]) -> None:
+    rates = netns["rates"]
+    print()
+    print("(a) transport across 2 namespaced hosts (veth, bridge), GB/s, median: TCP plane "
+          "(FLAGS_rpc_data_plane=auto, another host) against gRPC (off)")
+    print(f"{'size':>7} {'dir':>5} {'gRPC':>8} {'TCP plane':>10} {'TCP/gRPC':>9}")
+    for mib in rates["off"]:
+        for d, label in (("send", "Send"), ("get", "Get")):
+            g, t = rates["off"][mib][d], rates["auto"][mib][d]
+            print(f"{mib:>4}MiB {label:>5} {g:8.2f} {t:10.2f} {t / g:9.2f}")
 
 
 # --- (b), (c) the CTR job -------------------------------------------------------------------------------
@@ -794,6 +840,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{args.warmup} warm-up + {args.steps} timed steps a trainer, ids {args.id_dist}{note}", flush=True)
     tcp: dict[int, dict[str, float]] = {}
     by_mode: dict[str, dict[int, dict[str, float]]] = {}
+    netns_transport: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ps_bench_") as tmpdir:
         tmp = pathlib.Path(tmpdir)
         if not args.skip_transport:
@@ -806,6 +853,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     for m in tcp for d in ("send", "get")), flush=True)
             finally:
                 procs.kill()
+            if args.netns:
+                try:
+                    netns_transport = bench_transport_netns(tmp, env, args.sizes_mib, args.reps, args.job_timeout)
+                except NetnsError as e:
+                    raise BenchError(f"the cross-host transport could not be set up: {e}",
+                                     hint="namespaces need root and iproute2; drop --netns") from e
+                print("transport across hosts: " + ", ".join(
+                    f"{m} MiB {d} gRPC {netns_transport['rates']['off'][m][d]:.2f} TCP plane "
+                    f"{netns_transport['rates']['auto'][m][d]:.2f} GB/s"
+                    for m in netns_transport["rates"]["off"] for d in ("send", "get")), flush=True)
         rounds: list[list[dict[str, Any]]] = []
         paddle_failures: dict[str, str] = {}
         for round_no in range(args.rounds):
@@ -833,7 +890,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               flush=True)
             rounds.append(rows)
         rows = median_rounds(rounds)
-        if args.hosts or args.netns:
+        if (args.hosts or args.netns) and jobs:
             try:
                 rows += cross_host_jobs(jobs, args, env, tmp)
             except NetnsError as e:
@@ -842,6 +899,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     local = rows[0]["total"] if rows else 0.0
     if tcp:
         print_transport(tcp, by_mode)
+    if netns_transport:
+        print_transport_netns(netns_transport)
     if rows:
         print_jobs(rows, local, paddle)
     for name, why in paddle_failures.items():
@@ -856,7 +915,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"data plane: {len(left)} segment file(s) left in /dev/shm: {left[:3]}")
     print(f"load average (1/5/15 min): {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f} before, "
           f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} after{note}")
-    result = {"transport": {"tcp": tcp, "grpc": by_mode.get("off", {}), "shm": by_mode.get("auto", {})},
+    result = {"transport": {"tcp": tcp, "grpc": by_mode.get("off", {}), "shm": by_mode.get("auto", {}),
+                            "netns": netns_transport},
               "jobs": rows, "local_examples_per_s": local,
               "reference_per_trainer": REFERENCE_PER_TRAINER, "paddle": paddle, "paddle_failures": paddle_failures,
               "load_average": {"before": load_before, "after": load_after},

@@ -12,6 +12,12 @@ reads what each one writes to ``--out`` (JSON). Roles:
   parameter ``[rows, 1024]`` float32 of each size in ``--sizes-mib`` (``transport_program``), sync mode,
   one trainer: a send of a gradient is stored without a barrier, a get answers at once. It exits when
   the trainer sends Complete.
+- ``transport-client``: the client side of the transport section across hosts (``ps_bench.py --netns``): an
+  ``RPCClient`` per data-plane mode of ``--modes`` (``auto``: the TCP plane to a pserver of another host;
+  ``off``: gRPC) against the transport pserver of that mode (``--endpoints``, in the same order). Every
+  repetition sends a gradient of each ``--sizes-mib`` (``send`` + ``wait_sends``) and fetches the parameter,
+  each mode in turn (so load falls on them alike); after two warm-up rounds, ``--reps`` timed ones. Writes
+  the median GB/s by mode, size and direction, and each client's ``data_plane_state``.
 - ``pserver`` / ``trainer``: the CTR reference job (``build_ctr``) transpiled for ``--endpoints`` and
   ``--trainers`` in ``--mode`` sync or async, with the table distributed. A trainer runs ``--warmup``
   untimed steps, then ``--steps`` timed ones, and writes its examples/s, the time window (``time.time``,
@@ -191,6 +197,51 @@ def run_transport_pserver(args: argparse.Namespace) -> None:
     run_program_pserver(main, startup, t, args.endpoint)
 
 
+def run_transport_client(args: argparse.Namespace) -> None:
+    import statistics
+
+    from runtime.rpc.client import RPCClient
+
+    modes, endpoints = args.modes.split(","), args.endpoints.split(",")
+    if len(modes) != len(endpoints):
+        raise WorkerError(f"transport-client: {len(modes)} modes for {len(endpoints)} endpoints")
+    clients = {mode: (RPCClient(0, deadline=args.timeout, data_plane=mode), ep) for mode, ep in zip(modes, endpoints)}
+    rates: dict[str, dict[int, dict[str, float]]] = {mode: {} for mode in modes}
+    try:
+        for client, ep in clients.values():
+            client.wait_ready([ep])
+        rng = np.random.default_rng(0)
+        for mib, (grad, param, shape) in transport_names(args.sizes_mib).items():
+            value = rng.random(shape, dtype=np.float32)
+            held: dict[str, list[Any]] = {mode: [] for mode in modes}
+            ways: dict[tuple[str, str], Callable[[], None]] = {}
+            for mode, (client, ep) in clients.items():
+                ways[mode, "send"] = lambda c=client, e=ep: (c.send(e, grad, value), c.wait_sends())
+
+                def get(c: Any = client, e: str = ep, out: list[Any] = held[mode]) -> None:
+                    out[:] = []  # the previous value goes first: its receive buffer is free for this fetch
+                    out[:] = c.get([(e, param)])
+                ways[mode, "get"] = get
+            samples: dict[tuple[str, str], list[float]] = {k: [] for k in ways}
+            for rep in range(args.reps + 2):  # two warm-up rounds: a fetch learns the size, then takes the plane
+                for key, fn in ways.items():
+                    start = time.perf_counter()
+                    fn()
+                    if rep > 1:
+                        samples[key].append(time.perf_counter() - start)
+            for mode in modes:
+                if np.asarray(held[mode][0]).nbytes != value.nbytes:
+                    raise WorkerError(f"{mode}: a fetch of {param!r} returned {np.asarray(held[mode][0]).nbytes} "
+                                      f"bytes, expected {value.nbytes}")
+            for (mode, direction), times in samples.items():
+                rates[mode].setdefault(mib, {})[direction] = value.nbytes / statistics.median(times) / 1e9
+        state = {mode: client.data_plane_state() for mode, (client, _) in clients.items()}
+    finally:
+        for client, _ in clients.values():
+            client.close()
+    pathlib.Path(args.out).write_text(json.dumps({"rates": rates, "state": state}))
+
+
 def run_pserver(args: argparse.Namespace) -> None:
     job = build_ctr(args.table_rows, is_distributed=True)
     t = transpile(job.main, job.startup, 0, args.endpoints, args.trainers, args.mode == "sync", geo_k=args.geo_k,
@@ -328,7 +379,8 @@ def run_local(args: argparse.Namespace) -> None:
 
 
 ROLES: dict[str, Callable[[argparse.Namespace], None]] = {
-    "tcp-sink": run_tcp_sink, "transport-pserver": run_transport_pserver, "pserver": run_pserver,
+    "tcp-sink": run_tcp_sink, "transport-pserver": run_transport_pserver, "transport-client": run_transport_client,
+    "pserver": run_pserver,
     "trainer": run_trainer, "local": run_local}
 
 
@@ -338,6 +390,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="", help="JSON result file (tcp-sink: its port)")
     ap.add_argument("--endpoint", default="", help="this pserver's endpoint")
     ap.add_argument("--endpoints", default="", help="every pserver endpoint, comma-separated")
+    ap.add_argument("--modes", default="auto,off", help="transport-client: a data-plane mode per endpoint")
+    ap.add_argument("--reps", type=int, default=7, help="transport-client: timed repetitions")
     ap.add_argument("--trainers", type=int, default=1)
     ap.add_argument("--trainer-id", type=int, default=0)
     ap.add_argument("--mode", choices=("sync", "async"), default="sync")
@@ -356,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gate", default="", help="trainer/local: directory of the start gate (see Gate)")
     ap.add_argument("--gate-count", type=int, default=1, help="trainers that pass the gate")
     args = ap.parse_args(argv)
-    if args.role in ("trainer", "local") and not args.out:
+    if args.role in ("trainer", "local", "transport-client") and not args.out:
         raise WorkerError(f"role {args.role} needs --out", hint="ps_bench.py passes a file in its temp dir")
     ROLES[args.role](args)
 
