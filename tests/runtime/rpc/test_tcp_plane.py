@@ -479,6 +479,37 @@ def test_the_trainer_refuses_a_pserver_that_cannot_prove_the_token() -> None:
     assert not thread.is_alive()
 
 
+def test_a_pserver_that_does_not_answer_fails_the_call_at_the_deadline() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    release = threading.Event()
+
+    def silent() -> None:  # a correct handshake, then it reads the frame and never answers
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(_HELLO.pack(MAGIC, b"s" * 32))
+            claim = conn.recv(_CLAIM.size, socket.MSG_WAITALL)
+            _, trainer_id, incarnation, nonce, _ = _CLAIM.unpack(claim)
+            conn.sendall(OK + handshake_mac(TOKEN.encode(), b"pserver", b"s" * 32, nonce, trainer_id, incarnation))
+            release.wait(TIMEOUT_S)
+
+    thread = threading.Thread(target=silent, daemon=True)
+    thread.start()
+    link = TcpLink(("127.0.0.1", port), 0, inc(0), TOKEN.encode(), 1 << 20)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="within the deadline"):
+            link.call(SEND, [b"x" * 100], start + 0.5, ReceiveBuffers())
+        assert 0.4 < time.monotonic() - start < 3.0
+        assert link.up  # a slow pserver is not a broken plane: the next call tries again
+    finally:
+        release.set()
+        link.close()
+        listener.close()
+        thread.join(TIMEOUT_S)
+    assert not thread.is_alive()
+
+
 def test_a_connection_whose_incarnation_went_stale_is_refused(tracker: Tracker) -> None:
     s = served_with_token(tracker, False)  # async: a restarted trainer is admitted at once
     conn = s.raw_tcp()
