@@ -40,12 +40,13 @@ creates one and from then on a batch of at least ``FLAGS_rpc_data_plane_min_byte
 gradients of a flush; the parameters of a fetch this client has seen at that size) travels through
 segments, the gRPC call carrying only a signed reference; that pserver's small values of the same flush
 (or fetch, those of a size seen before) go in the same segment, so a step makes one call each way. A
-pserver on another host, one with the data plane off, or a segment that cannot be mapped leaves that
-pserver on gRPC for good; a full ring (every segment still holding values the trainer uses) sends that
-one transfer through gRPC. A distributed table's prefetch (``prefetch``) whose answer size the client knows
-(from an earlier prefetch of those ids) goes through a segment too, once the plane to that pserver is up
-or its ids or rows are that large: the ids written there, the rows answered into the same segment, the
-request on the control socket (without one, or when it breaks, a PrefetchVariable over gRPC).
+pserver on another host (then the TCP plane below, where it has one), one with the data plane off, or a
+segment that cannot be mapped leaves that pserver without segments for good; a full ring (every segment still
+holding values the trainer uses) sends that one transfer through gRPC. A distributed table's prefetch
+(``prefetch``) whose answer size the client knows (from an earlier prefetch of those ids) goes through a
+segment too, once the plane to that pserver is up or its ids or rows are that large: the ids written there,
+the rows answered into the same segment, the request on the control socket (without one, or when it breaks, a
+PrefetchVariable over gRPC).
 
 A pserver on another host answers ShmOpen with the port of its TCP data plane (``runtime.rpc.tcp_plane``;
 it has one when the job has a token and no TLS): this client then connects (one connection per pserver,

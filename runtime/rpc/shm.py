@@ -3,7 +3,9 @@
 gRPC stays the control plane and the default path (``FLAGS_rpc_data_plane=off`` keeps everything on it).
 With ``auto`` (the default) a trainer whose pserver runs on its own host moves batches of at least
 ``FLAGS_rpc_data_plane_min_bytes`` (256 KiB) through segments of shared memory; the call (through the
-pserver's control socket, else gRPC) carries only a reference.
+pserver's control socket, else gRPC) carries only a reference. A trainer on another host (another
+``host_id``: machine, ``/dev/shm`` or network namespace) is answered no segment and, where the pserver has
+one, the port of its TCP data plane (``runtime.rpc.tcp_plane``).
 
 Segments. A trainer asks its pserver for a segment (``ShmOpen``: trainer id, live incarnation, the
 trainer's ``host_id`` and a size). The pserver checks the incarnation and the host, creates a file under
@@ -32,10 +34,9 @@ trainer learns it from a segment it has verified. The server serves only peers o
 the bytes gRPC would carry, to the very handler gRPC calls: every check below applies unchanged, and an
 error comes back as the status and message gRPC would give. Without the job token on the socket the
 reference's MAC (keyed by the token) is what authenticates a request, as the segment's mode does for the
-payload. A trainer whose control socket cannot be reached or breaks (another network namespace, a
-stopping pserver) makes that call, and the later ones, over gRPC (with gRPC's deadline and retries: a
-send is idempotent by its per-variable seq, a retried get gets a fresh slot seq); a call that times out
-fails DEADLINE_EXCEEDED as over gRPC.
+payload. A trainer whose control socket cannot be reached or breaks (a stopping pserver) makes that call, and
+the later ones, over gRPC (with gRPC's deadline and retries: a send is idempotent by its per-variable seq, a
+retried get gets a fresh slot seq); a call that times out fails DEADLINE_EXCEEDED as over gRPC.
 
 References. A segment holds one transfer at a time, from ``HEADER_BYTES`` on: the bytes of a
 ``VariableBatch`` exactly as gRPC would carry them, so ``wire.decode_batch`` validates them exactly as

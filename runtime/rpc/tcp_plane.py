@@ -315,7 +315,8 @@ class TcpLink:
         self._idle: list[socket.socket] = []
 
     def _connect(self, end: float) -> socket.socket:
-        conn = socket.create_connection(self.address, timeout=max(0.001, min(CONNECT_TIMEOUT_S, end - time.monotonic())))
+        timeout = max(0.001, min(CONNECT_TIMEOUT_S, end - time.monotonic()))
+        conn = socket.create_connection(self.address, timeout=timeout)
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _bound(conn, end)

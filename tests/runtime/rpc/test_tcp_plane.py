@@ -335,7 +335,7 @@ def test_another_trainers_gradient_is_refused(planes: dict[str, TcpServed]) -> N
     _same_state(s, before)
 
 
-# --- frames: oversized, unknown, truncated, killed mid-frame -----------------------------------------------------------
+# --- frames: oversized, unknown, truncated, killed mid-frame ----------------------------------------------------------
 @pytest.mark.parametrize("case", ["oversized", "huge-length", "unknown-method"])
 def test_an_oversized_or_unknown_frame_is_refused_and_the_connection_dropped(case: str,
                                                                              planes: dict[str, TcpServed]) -> None:
@@ -534,7 +534,8 @@ def test_an_unreachable_tcp_plane_falls_back_to_grpc(tracker: Tracker) -> None:
     c = tcp_client()
     try:
         for _ in range(2):
-            np.testing.assert_array_equal(c.get([(ep, "fc_w.block1")])[0], np.asarray(s.h.scope.find_var("fc_w.block1")))
+            got = c.get([(ep, "fc_w.block1")])[0]
+            np.testing.assert_array_equal(got, np.asarray(s.h.scope.find_var("fc_w.block1")))
         grad = np.full((30,), 0.5, np.float32)
         c.send(ep, s.h.grad_name("fc_b", 0), grad)
         c.wait_sends()
