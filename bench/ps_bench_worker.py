@@ -3,7 +3,7 @@
 ``python bench/ps_bench_worker.py ROLE [options]``; ``ps_bench.py`` starts these with ``subprocess`` and
 reads what each one writes to ``--out`` (JSON). Roles:
 
-- ``tcp-sink``: a loopback TCP server for the raw transport baseline. It binds ``127.0.0.1:0``, writes
+- ``tcp-sink``: a TCP server for the raw transport baseline. It binds ``--bind`` (127.0.0.1), port 0, writes
   its port to ``--out``, serves one connection and exits when it closes. Requests are a 9-byte header
   (``b"S"`` or ``b"G"``, then a little-endian uint64 length): ``S`` is followed by that many bytes, read
   with ``recv_into`` into one reused buffer, and answered with one byte; ``G`` is answered with that
@@ -16,8 +16,9 @@ reads what each one writes to ``--out`` (JSON). Roles:
   ``RPCClient`` per data-plane mode of ``--modes`` (``auto``: the TCP plane to a pserver of another host;
   ``off``: gRPC) against the transport pserver of that mode (``--endpoints``, in the same order). Every
   repetition sends a gradient of each ``--sizes-mib`` (``send`` + ``wait_sends``) and fetches the parameter,
-  each mode in turn (so load falls on them alike); after two warm-up rounds, ``--reps`` timed ones. Writes
-  the median GB/s by mode, size and direction, and each client's ``data_plane_state``.
+  each mode in turn (so load falls on them alike; with ``--tcp-sink`` the raw TCP baseline too, as mode
+  ``tcp``); after two warm-up rounds, ``--reps`` timed ones. Writes the median GB/s by mode, size and
+  direction, and each client's ``data_plane_state``.
 - ``pserver`` / ``trainer``: the CTR reference job (``build_ctr``) transpiled for ``--endpoints`` and
   ``--trainers`` in ``--mode`` sync or async, with the table distributed. A trainer runs ``--warmup``
   untimed steps, then ``--steps`` timed ones, and writes its examples/s, the time window (``time.time``,
@@ -143,7 +144,7 @@ def transport_program(sizes_mib: list[int]) -> tuple[Program, Program]:
 def run_tcp_sink(args: argparse.Namespace) -> None:
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", 0))
+    server.bind((args.bind, 0))
     server.listen(1)
     server.settimeout(args.timeout)
     pathlib.Path(args.out).write_text(json.dumps({"port": server.getsockname()[1]}))
@@ -181,6 +182,33 @@ def _recv_exact(conn: socket.socket, view: memoryview) -> bool:
     return True
 
 
+class TcpClient:
+    """The raw TCP baseline's client (of a ``tcp-sink``): ``send(n)`` sends ``n`` bytes and waits for the
+    one-byte answer; ``get(n)`` asks for ``n`` bytes and receives them into the same reused buffer."""
+
+    def __init__(self, port: int, max_bytes: int, host: str = "127.0.0.1") -> None:
+        self.conn = socket.create_connection((host, port), timeout=60)
+        self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = memoryview(bytearray(np.random.default_rng(0).bytes(max_bytes)))
+        self.ack = memoryview(bytearray(1))
+
+    def _recv_exact(self, view: memoryview) -> None:
+        if not _recv_exact(self.conn, view):
+            raise WorkerError("the tcp sink closed the connection")
+
+    def send(self, n: int) -> None:
+        self.conn.sendall(HEADER.pack(b"S", n))
+        self.conn.sendall(self.buf[:n])
+        self._recv_exact(self.ack)
+
+    def get(self, n: int) -> None:
+        self.conn.sendall(HEADER.pack(b"G", n))
+        self._recv_exact(self.buf[:n])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def run_program_pserver(main: Program, startup: Program, t: DistributeTranspiler, endpoint: str) -> None:
     import runtime
 
@@ -207,6 +235,11 @@ def run_transport_client(args: argparse.Namespace) -> None:
         raise WorkerError(f"transport-client: {len(modes)} modes for {len(endpoints)} endpoints")
     clients = {mode: (RPCClient(0, deadline=args.timeout, data_plane=mode), ep) for mode, ep in zip(modes, endpoints)}
     rates: dict[str, dict[int, dict[str, float]]] = {mode: {} for mode in modes}
+    raw = None
+    if args.tcp_sink:
+        host, port = args.tcp_sink.rsplit(":", 1)
+        raw = TcpClient(int(port), max(args.sizes_mib) << 20, host)
+        rates["tcp"] = {}
     try:
         for client, ep in clients.values():
             client.wait_ready([ep])
@@ -215,6 +248,9 @@ def run_transport_client(args: argparse.Namespace) -> None:
             value = rng.random(shape, dtype=np.float32)
             held: dict[str, list[Any]] = {mode: [] for mode in modes}
             ways: dict[tuple[str, str], Callable[[], None]] = {}
+            if raw is not None:
+                ways["tcp", "send"] = lambda n=value.nbytes: raw.send(n)
+                ways["tcp", "get"] = lambda n=value.nbytes: raw.get(n)
             for mode, (client, ep) in clients.items():
                 ways[mode, "send"] = lambda c=client, e=ep: (c.send(e, grad, value), c.wait_sends())
 
@@ -239,6 +275,8 @@ def run_transport_client(args: argparse.Namespace) -> None:
     finally:
         for client, _ in clients.values():
             client.close()
+        if raw is not None:
+            raw.close()
     pathlib.Path(args.out).write_text(json.dumps({"rates": rates, "state": state}))
 
 
@@ -405,6 +443,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--id-dist", choices=("zipf", "uniform"), default="zipf")
     ap.add_argument("--sizes-mib", type=lambda s: [int(x) for x in s.split(",")], default=[4, 64])
     ap.add_argument("--buffer-mib", type=int, default=64)
+    ap.add_argument("--bind", default="127.0.0.1", help="tcp-sink: the address to listen on")
+    ap.add_argument("--tcp-sink", default="", help="transport-client: HOST:PORT of a tcp-sink (the raw TCP baseline)")
     ap.add_argument("--timeout", type=float, default=120.0,
                     help="tcp-sink: seconds to wait for the client; trainer: seconds to wait at the gate")
     ap.add_argument("--gate", default="", help="trainer/local: directory of the start gate (see Gate)")
