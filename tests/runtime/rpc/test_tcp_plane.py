@@ -10,7 +10,7 @@ test_server_errors.py gets the gRPC status and changes nothing; the handshake re
 HMAC, the wrong token, a stale incarnation, and a pserver that cannot prove the token; a truncated, oversized,
 garbage or unknown frame, a connection whose incarnation went stale, and a trainer killed mid-frame leave the
 parameters untouched while the pserver serves the others; an unreachable or broken TCP plane falls back to
-gRPC; ``FLAGS_rpc_data_plane=off`` (either side) and a job without a token are pure gRPC.
+gRPC; ``FLAGS_rpc_data_plane=off`` (either side), a job without a token and a TLS job are pure gRPC.
 """
 from __future__ import annotations
 
@@ -580,19 +580,26 @@ def test_off_on_the_trainer_is_pure_grpc(tracker: Tracker) -> None:
         c.close()
 
 
-@pytest.mark.parametrize("why", ["off-on-the-pserver", "no-token"])
-def test_without_a_tcp_plane_on_the_pserver_the_trainer_stays_on_grpc(why: str, tracker: Tracker) -> None:
+@pytest.mark.parametrize("why", ["off-on-the-pserver", "no-token", "tls"])
+def test_without_a_tcp_plane_on_the_pserver_the_trainer_stays_on_grpc(why: str, tracker: Tracker,
+                                                                      tmp_path: pathlib.Path) -> None:
     from runtime.kernels.rpc import max_message_bytes
     from runtime.rpc.server import start_server
     from tests.runtime.rpc.conftest import free_port
+    from tests.runtime.rpc.test_trust import _pki
 
     h = build_pserver(True, serve=False, tracker=tracker)
     endpoint = f"127.0.0.1:{free_port()}"
-    security = SECURITY if why == "off-on-the-pserver" else None
-    h.server = start_server(h.pserver, endpoint, max_message_bytes(h.program), security,
+    server_security, client_security = {
+        "off-on-the-pserver": (SECURITY, SECURITY), "no-token": (None, RPCSecurity())}.get(why, (None, None))
+    if why == "tls":  # a token too: the frames would leave the TLS channel in clear, so no TCP plane
+        pki = _pki(tmp_path)
+        server_security = RPCSecurity(token=TOKEN, cert=pki["server_cert"], key=pki["server_key"])
+        client_security = RPCSecurity(token=TOKEN, ca=pki["ca"])
+    h.server = start_server(h.pserver, endpoint, max_message_bytes(h.program), server_security,
                             data_plane="off" if why == "off-on-the-pserver" else "auto")
     assert h.pserver.data_plane.tcp is None
-    c = tcp_client(security=security or RPCSecurity())
+    c = tcp_client(security=client_security)
     try:
         for _ in range(3):
             np.testing.assert_array_equal(c.get([(endpoint, "fc_b")])[0], np.asarray(h.scope.find_var("fc_b")))
@@ -601,5 +608,6 @@ def test_without_a_tcp_plane_on_the_pserver_the_trainer_stays_on_grpc(why: str, 
         assert state == ("grpc: this pserver runs with FLAGS_rpc_data_plane=off" if why == "off-on-the-pserver" else
                          "grpc: the trainer runs on another host and this pserver has no TCP data plane (no job "
                          "token, or TLS)"), state
+        assert h.pserver.data_plane.segment_paths() == []
     finally:
         c.close()
