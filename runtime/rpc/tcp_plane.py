@@ -59,7 +59,7 @@ their own (one over 64 MiB costs about what sending it does): as for gRPC with a
 job whose network may be tampered with runs TLS, and then gRPC.
 
 Failures. On the trainer every socket operation is bounded by what is left of the RPC deadline (a connect by
-at most ``CONNECT_TIMEOUT_S`` of it). A connect or handshake that fails, or a connection that breaks, raises
+at most ``CONNECT_TIMEOUT_S`` of it, the handshake by at most ``HANDSHAKE_TIMEOUT_S``). A connect or handshake that fails, or a connection that breaks, raises
 ``LinkFailed``: that call and every later one to that pserver go over gRPC (with gRPC's deadline and
 retries: a send is idempotent by its per-variable seq, a fetch or prefetch is a read). A timeout is
 ``TimeoutError`` (the caller fails DEADLINE_EXCEEDED, as over gRPC) and drops that connection.
@@ -179,8 +179,11 @@ class TcpPlaneServer:
         while True:
             try:
                 conn, _ = self._sock.accept()
-            except OSError:  # closed
-                return
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.1)  # out of file descriptors, say: the trainers meanwhile time out to gRPC
+                continue
             with self._lock:
                 if self._closed or len(self._conns) >= self.max_connections:
                     conn.close()
@@ -315,8 +318,11 @@ class TcpLink:
         self._idle: list[socket.socket] = []
 
     def _connect(self, end: float) -> socket.socket:
+        """A connection that passed the handshake, by ``end`` and within ``CONNECT_TIMEOUT_S`` +
+        ``HANDSHAKE_TIMEOUT_S`` (a pserver that accepts but does not answer costs no more)."""
         timeout = max(0.001, min(CONNECT_TIMEOUT_S, end - time.monotonic()))
         conn = socket.create_connection(self.address, timeout=timeout)
+        end = min(end, time.monotonic() + HANDSHAKE_TIMEOUT_S)
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             _bound(conn, end)
