@@ -37,7 +37,12 @@ measured in one run on 127.0.0.1 against baselines measured in the same run.
     for the rate alone where the kernel has no netem, which the output then says) run every PS job again
     with pserver i and trainer i on host i mod n (endpoints on the hosts' addresses, a job token set: a
     pserver refuses a non-loopback endpoint without one), beside the loopback rows. Building namespaces
-    needs root and iproute2.
+    needs root and iproute2. With ``--netns`` the transport section also runs across the two hosts (plain
+    links): a transport pserver per data-plane mode on host 0 (a job token set) and the client
+    (``ps_bench_worker.py transport-client``) on host 1, sending and fetching each size with
+    ``FLAGS_rpc_data_plane=auto`` (the cross-host TCP plane, ``runtime.rpc.tcp_plane``) and ``off`` (gRPC),
+    and raw TCP to a sink on host 0, in turn in every repetition; printed as GB/s and the ratios of the TCP
+    plane to gRPC and to raw TCP.
 (f) Data plane: ``--data-plane off|auto|both`` sets ``FLAGS_rpc_data_plane`` of every process (default auto).
     With ``both`` the transport runs against one pserver per mode (gRPC, and shared memory: this process
     is on the pserver's host) and every PS job runs both ways (the auto run marked ``+shm``); a table puts
@@ -62,9 +67,7 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -88,7 +91,6 @@ from tests.netns import LOOPBACK, Host, Hosts, NetnsError, existing_hosts  # noq
 WORKER = pathlib.Path(__file__).resolve().with_name("ps_bench_worker.py")
 PADDLE_WORKER = WORKER.with_name("paddle_ps_worker.py")
 REPO = WORKER.parents[1]
-HEADER_FMT = "<cQ"
 REFERENCE_PER_TRAINER = 9_906.0  # Paddle 2.6.2's PS, async 1x2, last measured on this machine (see --vs-paddle)
 PADDLE_LAST_MEASURED = "Paddle 2.6.2, 2026-11-24, this 2-core machine, bench/paddle_ps_worker.py"
 TRANSPORT_TARGET = 0.6
@@ -183,45 +185,13 @@ def _wait_file(path: pathlib.Path, proc: subprocess.Popen[bytes], timeout: float
 
 
 # --- (a) transport --------------------------------------------------------------------------------------
-class TcpClient:
-    """The raw TCP baseline's client: ``send(n)`` sends ``n`` bytes and waits for the one-byte answer;
-    ``get(n)`` asks for ``n`` bytes and receives them into the same reused buffer."""
-
-    def __init__(self, port: int, max_bytes: int) -> None:
-        self.header = struct.Struct(HEADER_FMT)
-        self.conn = socket.create_connection(("127.0.0.1", port), timeout=60)
-        self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = memoryview(bytearray(np.random.default_rng(0).bytes(max_bytes)))
-        self.ack = memoryview(bytearray(1))
-
-    def _recv_exact(self, view: memoryview) -> None:
-        got = 0
-        while got < len(view):
-            n = self.conn.recv_into(view[got:])
-            if n == 0:
-                raise BenchError("the tcp sink closed the connection")
-            got += n
-
-    def send(self, n: int) -> None:
-        self.conn.sendall(self.header.pack(b"S", n))
-        self.conn.sendall(self.buf[:n])
-        self._recv_exact(self.ack)
-
-    def get(self, n: int) -> None:
-        self.conn.sendall(self.header.pack(b"G", n))
-        self._recv_exact(self.buf[:n])
-
-    def close(self) -> None:
-        self.conn.close()
-
-
 def bench_transport(procs: Procs, sizes_mib: list[int], reps: int, modes: list[str]
                     ) -> tuple[dict[int, dict[str, float]], dict[str, dict[int, dict[str, float]]]]:
     """(raw TCP, {data plane mode: figures}) GB/s by size and direction. The TCP sink and one transport
     pserver per data-plane mode (``FLAGS_rpc_data_plane`` off: gRPC; auto: shared memory, this process
     being on the pserver's host) run at once, and every transfer of a size takes its turn within every
     repetition, so load from other processes falls on them alike."""
-    from bench.ps_bench_worker import transport_names
+    from bench.ps_bench_worker import TcpClient, transport_names
     from runtime.rpc.client import RPCClient
 
     port_file = procs.tmp / "tcp_port.json"
@@ -279,6 +249,52 @@ def bench_transport(procs: Procs, sizes_mib: list[int], reps: int, modes: list[s
             client.close()
     procs.wait_all(60.0)
     return tcp, by_mode
+
+
+def bench_transport_netns(tmp: pathlib.Path, env: dict[str, str], sizes_mib: list[int], reps: int,
+                          timeout: float) -> dict[str, Any]:
+    """The transport across two namespaced hosts: ``{"rates": {mode: {MiB: {send, get}}}, "state": ...}``
+    (``auto``: the TCP plane; ``off``: gRPC; ``tcp``: raw TCP), measured by the transport client on host 1
+    against one transport pserver per mode and a tcp-sink on host 0."""
+    env = {**env, "FLOTILLA_JOB_TOKEN": os.urandom(32).hex()}  # a pserver beyond loopback requires one
+    sizes = ",".join(map(str, sizes_mib))
+    out = tmp / "netns_transport.json"
+    with Hosts.create(2) as built:
+        server, client = built.hosts()
+        procs = Procs(tmp, env)
+        try:
+            port_file = tmp / "netns_tcp_port.json"
+            sink = procs.start("netns-tcp-sink", "tcp-sink", "--bind", server.address, "--out", str(port_file),
+                               "--buffer-mib", str(max(sizes_mib)), "--timeout", str(timeout), host=server)
+            sink_at = f"{server.address}:{_wait_file(port_file, sink, 60.0)['port']}"
+            endpoints = {mode: f"{server.address}:{6170 + i}" for i, mode in enumerate(("auto", "off"))}
+            for mode, ep in endpoints.items():
+                procs.start(f"netns-transport-pserver-{mode}", "transport-pserver", "--endpoint", ep, "--sizes-mib",
+                            sizes, host=server, env={**env, "FLAGS_rpc_data_plane": mode})
+            procs.start("netns-transport-client", "transport-client", "--endpoints", ",".join(endpoints.values()),
+                        "--modes", ",".join(endpoints), "--sizes-mib", sizes, "--reps", str(reps), "--out", str(out),
+                        "--timeout", str(timeout), "--tcp-sink", sink_at, host=client)
+            procs.wait_all(timeout)
+        finally:
+            procs.kill()
+    result = json.loads(out.read_text())
+    result["rates"] = {mode: {int(mib): v for mib, v in by.items()} for mode, by in result["rates"].items()}
+    (tcp_state,) = result["state"]["auto"].values()
+    if not tcp_state.startswith("tcp ("):
+        raise BenchError(f"the TCP data plane did not carry the cross-host transfers: {result['state']}")
+    return result
+
+
+def print_transport_netns(netns: dict[str, Any]) -> None:
+    rates = netns["rates"]
+    print()
+    print("(a) transport across 2 namespaced hosts (veth, bridge), GB/s, median: the TCP plane "
+          "(FLAGS_rpc_data_plane=auto, another host) against gRPC (off) and raw TCP")
+    print(f"{'size':>7} {'dir':>5} {'raw TCP':>9} {'gRPC':>8} {'TCP plane':>10} {'plane/gRPC':>11} {'plane/TCP':>10}")
+    for mib in rates["off"]:
+        for d, label in (("send", "Send"), ("get", "Get")):
+            r, g, t = rates["tcp"][mib][d], rates["off"][mib][d], rates["auto"][mib][d]
+            print(f"{mib:>4}MiB {label:>5} {r:9.2f} {g:8.2f} {t:10.2f} {t / g:11.2f} {t / r:10.2f}")
 
 
 # --- (b), (c) the CTR job -------------------------------------------------------------------------------
@@ -794,6 +810,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{args.warmup} warm-up + {args.steps} timed steps a trainer, ids {args.id_dist}{note}", flush=True)
     tcp: dict[int, dict[str, float]] = {}
     by_mode: dict[str, dict[int, dict[str, float]]] = {}
+    netns_transport: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ps_bench_") as tmpdir:
         tmp = pathlib.Path(tmpdir)
         if not args.skip_transport:
@@ -806,6 +823,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     for m in tcp for d in ("send", "get")), flush=True)
             finally:
                 procs.kill()
+            if args.netns:
+                try:
+                    netns_transport = bench_transport_netns(tmp, env, args.sizes_mib, args.reps, args.job_timeout)
+                except NetnsError as e:
+                    raise BenchError(f"the cross-host transport could not be set up: {e}",
+                                     hint="namespaces need root and iproute2; drop --netns") from e
+                print("transport across hosts: " + ", ".join(
+                    f"{m} MiB {d} gRPC {netns_transport['rates']['off'][m][d]:.2f} TCP plane "
+                    f"{netns_transport['rates']['auto'][m][d]:.2f} GB/s"
+                    for m in netns_transport["rates"]["off"] for d in ("send", "get")), flush=True)
         rounds: list[list[dict[str, Any]]] = []
         paddle_failures: dict[str, str] = {}
         for round_no in range(args.rounds):
@@ -833,7 +860,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                               flush=True)
             rounds.append(rows)
         rows = median_rounds(rounds)
-        if args.hosts or args.netns:
+        if (args.hosts or args.netns) and jobs:
             try:
                 rows += cross_host_jobs(jobs, args, env, tmp)
             except NetnsError as e:
@@ -842,6 +869,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     local = rows[0]["total"] if rows else 0.0
     if tcp:
         print_transport(tcp, by_mode)
+    if netns_transport:
+        print_transport_netns(netns_transport)
     if rows:
         print_jobs(rows, local, paddle)
     for name, why in paddle_failures.items():
@@ -856,7 +885,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"data plane: {len(left)} segment file(s) left in /dev/shm: {left[:3]}")
     print(f"load average (1/5/15 min): {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f} before, "
           f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} after{note}")
-    result = {"transport": {"tcp": tcp, "grpc": by_mode.get("off", {}), "shm": by_mode.get("auto", {})},
+    result = {"transport": {"tcp": tcp, "grpc": by_mode.get("off", {}), "shm": by_mode.get("auto", {}),
+                            "netns": netns_transport},
               "jobs": rows, "local_examples_per_s": local,
               "reference_per_trainer": REFERENCE_PER_TRAINER, "paddle": paddle, "paddle_failures": paddle_failures,
               "load_average": {"before": load_before, "after": load_after},

@@ -3,7 +3,7 @@
 ``python bench/ps_bench_worker.py ROLE [options]``; ``ps_bench.py`` starts these with ``subprocess`` and
 reads what each one writes to ``--out`` (JSON). Roles:
 
-- ``tcp-sink``: a loopback TCP server for the raw transport baseline. It binds ``127.0.0.1:0``, writes
+- ``tcp-sink``: a TCP server for the raw transport baseline. It binds ``--bind`` (127.0.0.1), port 0, writes
   its port to ``--out``, serves one connection and exits when it closes. Requests are a 9-byte header
   (``b"S"`` or ``b"G"``, then a little-endian uint64 length): ``S`` is followed by that many bytes, read
   with ``recv_into`` into one reused buffer, and answered with one byte; ``G`` is answered with that
@@ -12,6 +12,13 @@ reads what each one writes to ``--out`` (JSON). Roles:
   parameter ``[rows, 1024]`` float32 of each size in ``--sizes-mib`` (``transport_program``), sync mode,
   one trainer: a send of a gradient is stored without a barrier, a get answers at once. It exits when
   the trainer sends Complete.
+- ``transport-client``: the client side of the transport section across hosts (``ps_bench.py --netns``): an
+  ``RPCClient`` per data-plane mode of ``--modes`` (``auto``: the TCP plane to a pserver of another host;
+  ``off``: gRPC) against the transport pserver of that mode (``--endpoints``, in the same order). Every
+  repetition sends a gradient of each ``--sizes-mib`` (``send`` + ``wait_sends``) and fetches the parameter,
+  each mode in turn (so load falls on them alike; with ``--tcp-sink`` the raw TCP baseline too, as mode
+  ``tcp``); after two warm-up rounds, ``--reps`` timed ones. Writes the median GB/s by mode, size and
+  direction, and each client's ``data_plane_state``.
 - ``pserver`` / ``trainer``: the CTR reference job (``build_ctr``) transpiled for ``--endpoints`` and
   ``--trainers`` in ``--mode`` sync or async, with the table distributed. A trainer runs ``--warmup``
   untimed steps, then ``--steps`` timed ones, and writes its examples/s, the time window (``time.time``,
@@ -137,7 +144,7 @@ def transport_program(sizes_mib: list[int]) -> tuple[Program, Program]:
 def run_tcp_sink(args: argparse.Namespace) -> None:
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", 0))
+    server.bind((args.bind, 0))
     server.listen(1)
     server.settimeout(args.timeout)
     pathlib.Path(args.out).write_text(json.dumps({"port": server.getsockname()[1]}))
@@ -175,6 +182,33 @@ def _recv_exact(conn: socket.socket, view: memoryview) -> bool:
     return True
 
 
+class TcpClient:
+    """The raw TCP baseline's client (of a ``tcp-sink``): ``send(n)`` sends ``n`` bytes and waits for the
+    one-byte answer; ``get(n)`` asks for ``n`` bytes and receives them into the same reused buffer."""
+
+    def __init__(self, port: int, max_bytes: int, host: str = "127.0.0.1") -> None:
+        self.conn = socket.create_connection((host, port), timeout=60)
+        self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = memoryview(bytearray(np.random.default_rng(0).bytes(max_bytes)))
+        self.ack = memoryview(bytearray(1))
+
+    def _recv_exact(self, view: memoryview) -> None:
+        if not _recv_exact(self.conn, view):
+            raise WorkerError("the tcp sink closed the connection")
+
+    def send(self, n: int) -> None:
+        self.conn.sendall(HEADER.pack(b"S", n))
+        self.conn.sendall(self.buf[:n])
+        self._recv_exact(self.ack)
+
+    def get(self, n: int) -> None:
+        self.conn.sendall(HEADER.pack(b"G", n))
+        self._recv_exact(self.buf[:n])
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def run_program_pserver(main: Program, startup: Program, t: DistributeTranspiler, endpoint: str) -> None:
     import runtime
 
@@ -189,6 +223,61 @@ def run_transport_pserver(args: argparse.Namespace) -> None:
     main, startup = transport_program(args.sizes_mib)
     t = transpile(main, startup, 0, args.endpoint, 1, True, slice_vars=False)
     run_program_pserver(main, startup, t, args.endpoint)
+
+
+def run_transport_client(args: argparse.Namespace) -> None:
+    import statistics
+
+    from runtime.rpc.client import RPCClient
+
+    modes, endpoints = args.modes.split(","), args.endpoints.split(",")
+    if len(modes) != len(endpoints):
+        raise WorkerError(f"transport-client: {len(modes)} modes for {len(endpoints)} endpoints")
+    clients = {mode: (RPCClient(0, deadline=args.timeout, data_plane=mode), ep) for mode, ep in zip(modes, endpoints)}
+    rates: dict[str, dict[int, dict[str, float]]] = {mode: {} for mode in modes}
+    raw = None
+    if args.tcp_sink:
+        host, port = args.tcp_sink.rsplit(":", 1)
+        raw = TcpClient(int(port), max(args.sizes_mib) << 20, host)
+        rates["tcp"] = {}
+    try:
+        for client, ep in clients.values():
+            client.wait_ready([ep])
+        rng = np.random.default_rng(0)
+        for mib, (grad, param, shape) in transport_names(args.sizes_mib).items():
+            value = rng.random(shape, dtype=np.float32)
+            held: dict[str, list[Any]] = {mode: [] for mode in modes}
+            ways: dict[tuple[str, str], Callable[[], None]] = {}
+            if raw is not None:
+                ways["tcp", "send"] = lambda n=value.nbytes: raw.send(n)
+                ways["tcp", "get"] = lambda n=value.nbytes: raw.get(n)
+            for mode, (client, ep) in clients.items():
+                ways[mode, "send"] = lambda c=client, e=ep: (c.send(e, grad, value), c.wait_sends())
+
+                def get(c: Any = client, e: str = ep, out: list[Any] = held[mode]) -> None:
+                    out[:] = []  # the previous value goes first: its receive buffer is free for this fetch
+                    out[:] = c.get([(e, param)])
+                ways[mode, "get"] = get
+            samples: dict[tuple[str, str], list[float]] = {k: [] for k in ways}
+            for rep in range(args.reps + 2):  # two warm-up rounds: a fetch learns the size, then takes the plane
+                for key, fn in ways.items():
+                    start = time.perf_counter()
+                    fn()
+                    if rep > 1:
+                        samples[key].append(time.perf_counter() - start)
+            for mode in modes:
+                if np.asarray(held[mode][0]).nbytes != value.nbytes:
+                    raise WorkerError(f"{mode}: a fetch of {param!r} returned {np.asarray(held[mode][0]).nbytes} "
+                                      f"bytes, expected {value.nbytes}")
+            for (mode, direction), times in samples.items():
+                rates[mode].setdefault(mib, {})[direction] = value.nbytes / statistics.median(times) / 1e9
+        state = {mode: client.data_plane_state() for mode, (client, _) in clients.items()}
+    finally:
+        for client, _ in clients.values():
+            client.close()
+        if raw is not None:
+            raw.close()
+    pathlib.Path(args.out).write_text(json.dumps({"rates": rates, "state": state}))
 
 
 def run_pserver(args: argparse.Namespace) -> None:
@@ -328,7 +417,8 @@ def run_local(args: argparse.Namespace) -> None:
 
 
 ROLES: dict[str, Callable[[argparse.Namespace], None]] = {
-    "tcp-sink": run_tcp_sink, "transport-pserver": run_transport_pserver, "pserver": run_pserver,
+    "tcp-sink": run_tcp_sink, "transport-pserver": run_transport_pserver, "transport-client": run_transport_client,
+    "pserver": run_pserver,
     "trainer": run_trainer, "local": run_local}
 
 
@@ -338,6 +428,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="", help="JSON result file (tcp-sink: its port)")
     ap.add_argument("--endpoint", default="", help="this pserver's endpoint")
     ap.add_argument("--endpoints", default="", help="every pserver endpoint, comma-separated")
+    ap.add_argument("--modes", default="auto,off", help="transport-client: a data-plane mode per endpoint")
+    ap.add_argument("--reps", type=int, default=7, help="transport-client: timed repetitions")
     ap.add_argument("--trainers", type=int, default=1)
     ap.add_argument("--trainer-id", type=int, default=0)
     ap.add_argument("--mode", choices=("sync", "async"), default="sync")
@@ -351,12 +443,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--id-dist", choices=("zipf", "uniform"), default="zipf")
     ap.add_argument("--sizes-mib", type=lambda s: [int(x) for x in s.split(",")], default=[4, 64])
     ap.add_argument("--buffer-mib", type=int, default=64)
+    ap.add_argument("--bind", default="127.0.0.1", help="tcp-sink: the address to listen on")
+    ap.add_argument("--tcp-sink", default="", help="transport-client: HOST:PORT of a tcp-sink (the raw TCP baseline)")
     ap.add_argument("--timeout", type=float, default=120.0,
                     help="tcp-sink: seconds to wait for the client; trainer: seconds to wait at the gate")
     ap.add_argument("--gate", default="", help="trainer/local: directory of the start gate (see Gate)")
     ap.add_argument("--gate-count", type=int, default=1, help="trainers that pass the gate")
     args = ap.parse_args(argv)
-    if args.role in ("trainer", "local") and not args.out:
+    if args.role in ("trainer", "local", "transport-client") and not args.out:
         raise WorkerError(f"role {args.role} needs --out", hint="ps_bench.py passes a file in its temp dir")
     ROLES[args.role](args)
 

@@ -14,7 +14,8 @@ hot path), validated, and handed on in explicit objects.
                                 reuse instead of page-faulting fresh ones per message (runtime.malloc) (1)
 ``FLAGS_rpc_data_plane``        off: every tensor travels on gRPC; auto: a trainer on its pserver's host moves
                                 large batches through shared memory, gRPC carrying only signed references
-                                (runtime.rpc.shm) (auto)
+                                (runtime.rpc.shm), one on another host on a TCP stream authenticated by the
+                                job token (runtime.rpc.tcp_plane; jobs with a token and no TLS) (auto)
 ``FLAGS_rpc_data_plane_min_bytes``  bytes from which a batch (send) or a variable (fetch) takes the data
                                 plane (262144)
 ``FLAGS_communicator_max_staleness``  async mode: how many steps a trainer's parameters may lag its own
@@ -96,7 +97,7 @@ DATA_PLANE_MODES = ("off", "auto")
 
 def data_plane_mode(environ: Mapping[str, str] | None = None) -> str:
     """``FLAGS_rpc_data_plane``: ``off`` (pure gRPC) or ``auto`` (shared memory with a pserver on this host,
-    ``runtime.rpc.shm``); auto when unset."""
+    ``runtime.rpc.shm``; a TCP stream to one on another host, ``runtime.rpc.tcp_plane``); auto when unset."""
     env = os.environ if environ is None else environ
     raw = (env.get("FLAGS_rpc_data_plane") or "auto").strip().lower()
     if raw not in DATA_PLANE_MODES:

@@ -40,12 +40,19 @@ creates one and from then on a batch of at least ``FLAGS_rpc_data_plane_min_byte
 gradients of a flush; the parameters of a fetch this client has seen at that size) travels through
 segments, the gRPC call carrying only a signed reference; that pserver's small values of the same flush
 (or fetch, those of a size seen before) go in the same segment, so a step makes one call each way. A
-pserver on another host, one with the data plane off, or a segment that cannot be mapped leaves that
-pserver on gRPC for good; a full ring (every segment still holding values the trainer uses) sends that
-one transfer through gRPC. A distributed table's prefetch (``prefetch``) whose answer size the client knows
-(from an earlier prefetch of those ids) goes through a segment too, once the plane to that pserver is up
-or its ids or rows are that large: the ids written there, the rows answered into the same segment, the
-request on the control socket (without one, or when it breaks, a PrefetchVariable over gRPC).
+pserver on another host (then the TCP plane below, where it has one), one with the data plane off, or a
+segment that cannot be mapped leaves that pserver without segments for good; a full ring (every segment still
+holding values the trainer uses) sends that one transfer through gRPC. A distributed table's prefetch
+(``prefetch``) whose answer size the client knows (from an earlier prefetch of those ids) goes through a
+segment too, once the plane to that pserver is up or its ids or rows are that large: the ids written there,
+the rows answered into the same segment, the request on the control socket (without one, or when it breaks, a
+PrefetchVariable over gRPC).
+
+A pserver on another host answers ShmOpen with the port of its TCP data plane (``runtime.rpc.tcp_plane``;
+it has one when the job has a token and no TLS): this client then connects (one connection per pserver,
+reused, after a mutual HMAC handshake) and sends and fetches the batches it would have put in segments on
+that connection, as the bytes SendVariables / GetVariables carry, and its prefetches to that pserver too.
+A connection that cannot be made or breaks leaves that pserver on gRPC for good, that call included.
 """
 from __future__ import annotations
 
@@ -71,6 +78,8 @@ from runtime.rpc.shm import (ALIGN_SLACK, CONTROL_GET, CONTROL_PIPELINED, CONTRO
                              MAX_SEGMENTS, PIPELINE_MIN_BYTES, ControlFailed, Segment, ShmError, TrainerPlane,
                              deferred_parts, host_id, open_segment, write_batch, write_deferred)
 from runtime.rpc.stream import STREAM_THRESHOLD, ReceiveBuffers, get_chunked, send_chunked
+from runtime.rpc.tcp_plane import GET as TCP_GET, PREFETCH as TCP_PREFETCH, SEND as TCP_SEND, LinkFailed, TcpLink
+from runtime.role import parse_endpoint
 from runtime.rpc.wire import BATCH_FIELD, _varint, decode_batch, decode_variable, encode_batch, encode_parts, \
     encode_variable
 
@@ -134,7 +143,9 @@ class RPCClient:
 
     def __init__(self, trainer_id: int, *, deadline: float | None = None, retries: int | None = None,
                  max_message: int = DEFAULT_MAX_MESSAGE, security: RPCSecurity | None = None,
-                 incarnation: int | None = None, data_plane: str | None = None) -> None:
+                 incarnation: int | None = None, data_plane: str | None = None, host: str | None = None) -> None:
+        """``host``: the host identity this client reports in ShmOpen (default ``shm.host_id()``); a test
+        passes another to take the cross-host (TCP) data plane to a pserver of this machine."""
         self.trainer_id = trainer_id
         self.security = security if security is not None else rpc_security()
         self._metadata = (("authorization", f"Bearer {self.security.token}"),) if self.security.token else None
@@ -163,8 +174,9 @@ class RPCClient:
         self._lock = threading.Lock()
         self._closed = False
         self.data_plane = data_plane if data_plane is not None else data_plane_mode()
-        self._host = host_id() if self.data_plane == "auto" else ""
+        self._host = (host if host is not None else host_id()) if self.data_plane == "auto" else ""
         self._planes: dict[str, TrainerPlane] = {}  # endpoint -> its shared-memory segments
+        self._links: dict[str, TcpLink] = {}  # endpoint (on another host) -> its TCP data plane
         # bytes of a batch (send) or a variable (get) from which it goes through shared memory
         self.shm_threshold = flag("FLAGS_rpc_data_plane_min_bytes")
         malloc.tune()
@@ -306,13 +318,13 @@ class RPCClient:
                                     incarnation=self.incarnation)) for name, value, seq, step in entries]
         shm: list[tuple[str, tuple[list[Any], int]]] = []
         if self.data_plane == "auto" and any(total >= self.shm_threshold for _, (_, total) in msgs) \
-                and self._plane(endpoint) is not None:
-            shm, msgs = msgs, []  # the batch takes a segment: its small gradients ride along, saving a call
+                and self._on_a_plane(endpoint):
+            shm, msgs = msgs, []  # the batch takes the data plane: its small gradients ride along, saving a call
         small = [(name, msg) for name, msg in msgs if msg[1] < STREAM_THRESHOLD]
         large = [(name, msg) for name, msg in msgs if msg[1] >= STREAM_THRESHOLD]
         if before is not None:
             futures.wait([before])  # its error, if any, is reported by whoever waits for it
-        if shm and not self._send_shm(endpoint, shm):
+        if shm and not (self._send_shm(endpoint, shm) or self._send_tcp(endpoint, shm)):
             for name, msg in shm:
                 (large if msg[1] >= STREAM_THRESHOLD else small).append((name, msg))
         for name, (parts, total) in large:
@@ -355,7 +367,7 @@ class RPCClient:
         alone: list[int] = []
         for i, (ep, name) in enumerate(requests):
             size = self._sizes.get(name, 0)
-            if size >= self.shm_threshold and self._plane(ep) is not None:
+            if size >= self.shm_threshold and self._on_a_plane(ep):
                 shm.setdefault(ep, []).append(i)
             elif size >= STREAM_THRESHOLD:
                 streamed.append(i)
@@ -376,9 +388,9 @@ class RPCClient:
         values: list[Any] = [None] * len(requests)
         if len(shm) == 1 and not streamed and not by_endpoint and not alone:  # one fetch: no hop to the pool
             (ep, idx), = shm.items()
-            got = self._get_shm(ep, [requests[i][1] for i in idx])
+            got = self._get_plane(ep, [requests[i][1] for i in idx])
             return got if got is not None else [self._get_one(ep, requests[i][1]) for i in idx]
-        shm_jobs = {ep: self._pool.submit(self._get_shm, ep, [requests[i][1] for i in idx]) for ep, idx in shm.items()}
+        shm_jobs = {ep: self._pool.submit(self._get_plane, ep, [requests[i][1] for i in idx]) for ep, idx in shm.items()}
         stream_jobs = [self._pool.submit(self._get_streamed, *requests[i]) for i in streamed]
         alone_jobs = [self._pool.submit(self._get_one, *requests[i]) for i in alone]
         jobs = []
@@ -432,9 +444,13 @@ class RPCClient:
 
     def data_plane_state(self) -> dict[str, str]:
         """Per pserver this client moved a large tensor with: ``shm`` (its segments are up), ``grpc: <why>``
-        (the data plane is unavailable there) or ``pending`` (not asked yet)."""
-        return {ep: "shm" if p.state else "pending" if p.state is None else f"grpc: {p.reason}"
-                for ep, p in sorted(self._planes.items())}
+        (the data plane is unavailable there), ``tcp (N transfers)`` (another host: the TCP plane is up, N
+        calls answered on it) or ``pending`` (not asked yet)."""
+        state = {ep: "shm" if p.state else "pending" if p.state is None else f"grpc: {p.reason}"
+                 for ep, p in sorted(self._planes.items())}
+        for ep, link in self._links.items():
+            state[ep] = f"tcp ({link.calls} transfers)" if link.up else f"grpc: {link.reason}"
+        return state
 
     def _segment(self, endpoint: str, nbytes: int) -> tuple[TrainerPlane, Segment] | None:
         """A free segment of ``endpoint`` with room for ``nbytes`` (marked busy; give it back), asking the
@@ -452,8 +468,14 @@ class RPCClient:
                                 min_bytes=nbytes).SerializeToString()
         reply = pb.ShmOpenReply.FromString(self._call(endpoint, "ShmOpen", req, f"of {nbytes} bytes"))
         if not reply.path:
-            if not reply.later:  # another host, or the data plane off there: gRPC for good
+            if not reply.later:  # another host, or the data plane off there: no segments for good
                 plane.state, plane.reason = False, reply.reason
+            if reply.tcp_port and self.security.token and not self.security.client_tls:
+                host, _ = parse_endpoint(endpoint, "the pserver's endpoint")
+                with self._lock:
+                    self._links.setdefault(endpoint, TcpLink((host, reply.tcp_port), self.trainer_id,
+                                                             self.incarnation, self.security.token.encode("utf-8"),
+                                                             self.max_message))
             return None
         try:
             seg = open_segment(reply)
@@ -561,6 +583,74 @@ class RPCClient:
             self._sizes[d.name] = d.value.nbytes if hasattr(d.value, "nbytes") else 0
         return [d.value for d in decoded]
 
+    # --- the cross-host data plane (runtime.rpc.tcp_plane)
+    def _link(self, endpoint: str) -> TcpLink | None:
+        """``endpoint``'s TCP data plane while it is up (None: none, or it failed)."""
+        link = self._links.get(endpoint)
+        return link if link is not None and link.up else None
+
+    def _on_a_plane(self, endpoint: str) -> bool:
+        """Whether a large transfer to ``endpoint`` tries a data plane (shared memory or TCP) first."""
+        return self._plane(endpoint) is not None or self._link(endpoint) is not None
+
+    def _get_plane(self, endpoint: str, names: list[str]) -> list[Any] | None:
+        """The values of ``names`` through shared memory or the TCP plane; None: use gRPC."""
+        got = self._get_shm(endpoint, names)
+        return got if got is not None else self._get_tcp(endpoint, names)
+
+    def _tcp(self, endpoint: str, method: bytes, parts: list[Any], what: str) -> memoryview | None:
+        """The reply to ``method`` with body ``parts`` on ``endpoint``'s TCP plane, within the deadline; None
+        when it has none or it failed (the caller takes gRPC). An error status is the RPCError gRPC gives."""
+        link = self._link(endpoint)
+        if link is None:
+            return None
+        try:
+            status, answer = link.call(method, parts, time.monotonic() + self.deadline, self._buffers)
+        except LinkFailed:
+            return None
+        except TimeoutError as e:
+            raise RPCError(f"trainer {self.trainer_id}: {what} failed (DEADLINE_EXCEEDED): {e}",
+                           hint="the pserver is down or unreachable",
+                           status=grpc.StatusCode.DEADLINE_EXCEEDED) from None
+        if status != "OK":
+            raise RPCError(f"trainer {self.trainer_id}: {what} failed ({status}, TCP data plane): "
+                           f"{bytes(answer).decode('utf-8', 'replace')}",
+                           status=getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN))
+        return answer
+
+    def _send_tcp(self, endpoint: str, messages: list[tuple[str, tuple[list[Any], int]]]) -> bool:
+        """Send ``messages`` as one SendVariables batch on the TCP plane (never joined); False: use gRPC."""
+        parts: list[Any] = []
+        for _, (msg, n) in messages:
+            parts += [_varint(BATCH_FIELD << 3 | 2), _varint(n), *msg]
+        return self._tcp(endpoint, TCP_SEND, parts,
+                         f"SendVariables of {[n for n, _ in messages]} to pserver {endpoint}") is not None
+
+    def _get_tcp(self, endpoint: str, names: list[str]) -> list[Any] | None:
+        """The values of ``names`` fetched on the TCP plane (read-only views of a pooled buffer); None: gRPC."""
+        req = pb.GetVariablesRequest(names=names, trainer_id=self.trainer_id, step=self.step).SerializeToString()
+        raw = self._tcp(endpoint, TCP_GET, [req], f"GetVariables of {names} from pserver {endpoint}")
+        if raw is None:
+            return None
+        decoded = decode_batch(raw)
+        if [d.name for d in decoded] != names:
+            raise RPCError(f"trainer {self.trainer_id}: GetVariables of {names} from pserver {endpoint} answered "
+                           f"{[d.name for d in decoded]} (TCP data plane)",
+                           hint="the pserver runs a different program version")
+        for d in decoded:
+            self._sizes[d.name] = d.value.nbytes if hasattr(d.value, "nbytes") else 0
+        return [d.value for d in decoded]
+
+    def _prefetch_tcp(self, endpoint: str, name: str, ids: Any, table: str) -> Any | None:
+        """The rows for ``ids`` as a PrefetchVariable on the TCP plane; None: use gRPC."""
+        parts, _ = encode_parts(name, ids, trainer_id=self.trainer_id, table_name=table)
+        raw = self._tcp(endpoint, TCP_PREFETCH, parts, f"PrefetchVariable of {name!r} from pserver {endpoint}")
+        if raw is None:
+            return None
+        value = decode_variable(raw).value
+        self._learn_prefetch(endpoint, name, int(np.size(ids)), value, len(raw))
+        return value
+
     def _get_streamed(self, endpoint: str, name: str) -> Any:
         req = pb.VariableRequest(name=name, trainer_id=self.trainer_id, step=self.step).SerializeToString()
         decoded = self._retried(endpoint, "GetVariableStream", f"of {name!r}",
@@ -616,6 +706,10 @@ class RPCClient:
         round trip) or the ids or rows take ``shm_threshold`` bytes or more; else (or when that fails short
         of an answer) a PrefetchVariable over gRPC."""
         count = int(np.size(ids))
+        if self._link(endpoint) is not None:
+            got = self._prefetch_tcp(endpoint, name, ids, table)
+            if got is not None:
+                return got
         known = self._prefetch_sizes.get((endpoint, name))
         plane = self._plane(endpoint) if known is not None else None
         if known is not None and plane is not None:
@@ -738,6 +832,8 @@ class RPCClient:
                 ep.channel.close()
             for plane in self._planes.values():
                 plane.close()
+            for link in self._links.values():
+                link.close()
 
     def _check_open(self) -> None:
         if self._closed:

@@ -21,6 +21,12 @@ distributed table's prefetch may arrive there too (``shm_prefetch``, no gRPC met
 checked, the ids copied out of the segment, then exactly PrefetchVariable's checks and lookup
 (``PServer.prefetch``), the rows written into the trainer's slot under the table's lock.
 
+The cross-host data plane (``runtime.rpc.tcp_plane``): with the data plane on and a job token (and no TLS:
+its frames are not encrypted), ``start_server`` also starts a TCP listener on the endpoint's host, a port from
+the OS, answered to trainers on other hosts in ``ShmOpenReply.tcp_port``. Its frames carry the bytes of
+SendVariables, GetVariables and PrefetchVariable, decoded and checked as gRPC's (``tcp_call``), on a
+connection bound by its handshake to one trainer incarnation; errors are the statuses ``_statuses`` gives.
+
 Server options: message limits from the largest variable the program moves (at least 4 MiB),
 ``grpc.so_reuseport`` off (binding a taken port fails instead of sharing it), no HTTP proxy, keepalive
 pings allowed every 10 s. The handler pool has room for a blocked barrier per trainer plus the sends and
@@ -55,8 +61,10 @@ from runtime.rpc.pserver import BarrierKind, PServer, PServerError, Status
 from runtime.rpc.shm import (CONTROL_ERROR, CONTROL_GET, CONTROL_OK, CONTROL_PIPELINED, CONTROL_PREFETCH,
                              CONTROL_SEND, MAX_CONTROL_MESSAGE, BatchWriter, ControlServer, PServerPlane, Progress, ShmError, copy_out)
 from runtime.rpc.stream import ReceiveBuffers, encode_chunks
+from runtime.rpc.tcp_plane import GET as TCP_GET, PREFETCH as TCP_PREFETCH, SEND as TCP_SEND, TcpPlaneServer
 from runtime.role import parse_endpoint
-from runtime.rpc.wire import WireError, decode_batch, decode_variable, encode_batch, encode_parts, encode_variable
+from runtime.rpc.wire import BATCH_FIELD, WireError, _varint, decode_batch, decode_variable, encode_batch, \
+    encode_parts, encode_variable
 from runtime.scope import ExecutionError
 
 SERVICE = "flotilla.rpc.ParameterServer"
@@ -271,15 +279,68 @@ class ParameterServerService:
             if method == CONTROL_PREFETCH:
                 return CONTROL_OK + self.shm_prefetch(raw)
             status, message = "INVALID_ARGUMENT", f"unknown control-socket method {method!r}; expected S, P, G or L"
-        except PServerError as e:
-            status, message = e.status.value, str(e)
-        except WireError as e:
-            status, message = "INVALID_ARGUMENT", str(e)
-        except ShmError as e:
-            status, message = e.status, f"pserver {self.pserver.config.endpoint}: {e}"
-        except Exception as e:  # noqa: BLE001 - a bug must not take the server down
-            status, message = "INTERNAL", f"{type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - mapped to a status; a bug must not take the server down
+            status, message = self._failure(e)
         return CONTROL_ERROR + f"{status}\n{message}".encode("utf-8", "replace")[:MAX_CONTROL_MESSAGE - 1]
+
+    def _failure(self, e: Exception) -> tuple[str, str]:
+        """The status name and message gRPC's ``_statuses`` would give ``e`` (the data planes' answers)."""
+        if isinstance(e, PServerError):
+            return e.status.value, str(e)
+        if isinstance(e, WireError):
+            return "INVALID_ARGUMENT", str(e)
+        if isinstance(e, ShmError):
+            return e.status, f"pserver {self.pserver.config.endpoint}: {e}"
+        return "INTERNAL", f"{type(e).__name__}: {e}"
+
+    # --- the cross-host data plane (runtime.rpc.tcp_plane): the bytes gRPC would carry, on a TCP stream
+    def tcp_call(self, method: bytes, body: memoryview, trainer_id: int, incarnation: int) -> tuple[str, list[Any]]:
+        """A SendVariables, GetVariables or PrefetchVariable frame from a TCP connection bound to
+        (``trainer_id``, ``incarnation``): the checks and state calls of the gRPC handler, plus that the
+        request is that trainer's own. ``("OK", reply parts)`` (never joined) or ``(status, [message])``."""
+        try:
+            if method == TCP_SEND:
+                msgs = decode_batch(body)
+                if not msgs:
+                    raise WireError("SendVariables carries no variable", hint="send at least one gradient in a batch")
+                for m in msgs:
+                    if (m.header.trainer_id, m.header.incarnation) != (trainer_id, incarnation):
+                        raise self._not_own(trainer_id, incarnation, f"carries {m.name!r} of trainer "
+                                            f"{m.header.trainer_id} (incarnation {m.header.incarnation:#x})")
+                self.pserver.send_batch(msgs)
+                return "OK", [_REPLY]
+            if method == TCP_GET:
+                req = _parse(pb.GetVariablesRequest, body)
+                if req.trainer_id != trainer_id:
+                    raise self._not_own(trainer_id, incarnation, f"asks for trainer {req.trainer_id}'s variables")
+                names = self._get_names(req)
+                sync = self.pserver.config.sync_mode
+
+                def encode(name: str, value: Any) -> tuple[list[Any], int]:
+                    if sync:  # views, as GetVariables builds its reply from (see there)
+                        return encode_parts(name, value)
+                    raw = encode_variable(name, value)  # async: copied under the variable's writer lock
+                    return [raw], len(raw)
+
+                out: list[Any] = []
+                for parts, n in self.pserver.get_many(trainer_id, names, encode, max_bytes=self.max_message):
+                    out += [_varint(BATCH_FIELD << 3 | 2), _varint(n), *parts]
+                return "OK", out
+            if method == TCP_PREFETCH:
+                msg = decode_variable(body)
+                if msg.header.trainer_id != trainer_id:
+                    raise self._not_own(trainer_id, incarnation, f"prefetches for trainer {msg.header.trainer_id}")
+                return "OK", [self.pserver.prefetch(msg)]
+            status, message = "INVALID_ARGUMENT", f"unknown TCP data-plane method {method!r}"
+        except Exception as e:  # noqa: BLE001 - mapped to a status; a bug must not take the server down
+            status, message = self._failure(e)
+        return status, [message.encode("utf-8", "replace")]
+
+    @staticmethod
+    def _not_own(trainer_id: int, incarnation: int, what: str) -> PServerError:
+        return PServerError(Status.INVALID_ARGUMENT, f"a TCP data-plane request of trainer {trainer_id} (incarnation "
+                            f"{incarnation:#x}) {what}; nothing was done",
+                            hint="a trainer sends and fetches only its own variables on its own connection")
 
     def _get_names(self, req: pb.GetVariablesRequest) -> list[str]:
         if not req.names:
@@ -388,8 +449,9 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
     """Bind ``endpoint`` and start serving ``pserver``; raises ExecutionError if the port cannot be bound.
     ``security`` (default: none) gives the job token and TLS settings; without authentication only a
     loopback endpoint is served unless ``security.insecure`` (``check_exposure``). ``data_plane``
-    (``FLAGS_rpc_data_plane``): ``auto`` offers shared-memory segments to trainers on this host, ``off``
-    refuses them. ``pserver.close()`` (after stopping the server) removes the segments."""
+    (``FLAGS_rpc_data_plane``): ``auto`` offers shared-memory segments to trainers on this host and, with a
+    job token and no TLS, the TCP data plane to trainers on other hosts; ``off`` refuses both.
+    ``pserver.close()`` (after stopping the server) removes the segments and stops the TCP plane."""
     security = security or RPCSecurity()
     warning = check_exposure(endpoint, security)
     if warning is not None:
@@ -412,6 +474,18 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
         else:
             plane.control = control
             pserver.closers.append(control.close)
+        if security.token and not security.server_tls:  # the TCP plane for trainers on other hosts
+            host, _ = parse_endpoint(endpoint, "the pserver's endpoint")
+            try:
+                tcp = TcpPlaneServer(host, key=security.token.encode("utf-8"), trainers=pserver.config.trainers,
+                                     live=pserver.live_incarnation, handle=service.tcp_call,
+                                     max_message=service.max_message, buffers=service.buffers)
+            except OSError as e:  # the trainers on other hosts then stay on gRPC
+                print(f"pserver {endpoint}: no TCP data plane ({e}); trainers on other hosts use gRPC",
+                      file=sys.stderr, flush=True)
+            else:
+                plane.tcp = tcp
+                pserver.closers.append(tcp.close)
     server.add_generic_rpc_handlers((service.generic_handler(),))
     creds = server_credentials(security)
     try:

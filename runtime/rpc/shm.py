@@ -3,7 +3,9 @@
 gRPC stays the control plane and the default path (``FLAGS_rpc_data_plane=off`` keeps everything on it).
 With ``auto`` (the default) a trainer whose pserver runs on its own host moves batches of at least
 ``FLAGS_rpc_data_plane_min_bytes`` (256 KiB) through segments of shared memory; the call (through the
-pserver's control socket, else gRPC) carries only a reference.
+pserver's control socket, else gRPC) carries only a reference. A trainer on another host (another
+``host_id``: machine, ``/dev/shm`` or network namespace) is answered no segment and, where the pserver has
+one, the port of its TCP data plane (``runtime.rpc.tcp_plane``).
 
 Segments. A trainer asks its pserver for a segment (``ShmOpen``: trainer id, live incarnation, the
 trainer's ``host_id`` and a size). The pserver checks the incarnation and the host, creates a file under
@@ -32,10 +34,9 @@ trainer learns it from a segment it has verified. The server serves only peers o
 the bytes gRPC would carry, to the very handler gRPC calls: every check below applies unchanged, and an
 error comes back as the status and message gRPC would give. Without the job token on the socket the
 reference's MAC (keyed by the token) is what authenticates a request, as the segment's mode does for the
-payload. A trainer whose control socket cannot be reached or breaks (another network namespace, a
-stopping pserver) makes that call, and the later ones, over gRPC (with gRPC's deadline and retries: a
-send is idempotent by its per-variable seq, a retried get gets a fresh slot seq); a call that times out
-fails DEADLINE_EXCEEDED as over gRPC.
+payload. A trainer whose control socket cannot be reached or breaks (a stopping pserver) makes that call, and
+the later ones, over gRPC (with gRPC's deadline and retries: a send is idempotent by its per-variable seq, a
+retried get gets a fresh slot seq); a call that times out fails DEADLINE_EXCEEDED as over gRPC.
 
 References. A segment holds one transfer at a time, from ``HEADER_BYTES`` on: the bytes of a
 ``VariableBatch`` exactly as gRPC would carry them, so ``wire.decode_batch`` validates them exactly as
@@ -130,15 +131,19 @@ class ShmError(FlotillaError):
 
 
 def host_id() -> str:
-    """What identifies this host's shared memory: the kernel's boot id, the host name, and the device and
-    inode of ``/dev/shm`` (two containers of one kernel with separate ``/dev/shm`` differ)."""
+    """What identifies this host's shared memory: the kernel's boot id, the host name, the device and
+    inode of ``/dev/shm`` (two containers of one kernel with separate ``/dev/shm`` differ), and the network
+    namespace (the control socket, an abstract Unix socket, lives in one; ``runtime.shm_collective`` counts
+    it too): processes in other namespaces are on another host, and take the TCP plane
+    (``runtime.rpc.tcp_plane``)."""
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
         st = os.stat(SHM_DIR)
+        net = os.stat("/proc/self/ns/net").st_ino
     except OSError:
         return ""
-    return f"{boot}/{socket.gethostname()}/{st.st_dev}:{st.st_ino}"
+    return f"{boot}/{socket.gethostname()}/{st.st_dev}:{st.st_ino}/net:{net}"
 
 
 def ref_mac(key: bytes, purpose: bytes, ref: pb.ShmRef) -> bytes:
@@ -425,6 +430,7 @@ class PServerPlane:
         self._trainers: dict[int, _TrainerSegments] = {}
         self._closed = False
         self.control: ControlServer | None = None  # announced in every segment's header (start_server sets it)
+        self.tcp: Any = None  # the runtime.rpc.tcp_plane.TcpPlaneServer answered to other hosts (start_server sets it)
 
     def open(self, req: pb.ShmOpenRequest) -> pb.ShmOpenReply:
         """Create one more segment for the trainer (see the module docstring), or say why not."""
@@ -437,7 +443,9 @@ class PServerPlane:
         if not self.enabled:
             return pb.ShmOpenReply(reason="this pserver runs with FLAGS_rpc_data_plane=off")
         if not self._host or req.host != self._host:
-            return pb.ShmOpenReply(reason="the trainer runs on another host")
+            port = self.tcp.port if self.tcp is not None else 0
+            return pb.ShmOpenReply(reason="the trainer runs on another host" + ("" if port else
+                                   " and this pserver has no TCP data plane (no job token, or TLS)"), tcp_port=port)
         size = round_size(int(req.min_bytes))
         with self._lock:
             if self._closed:

@@ -7,6 +7,10 @@
   single-process training on the union of the trainers' batches from the same initial values
   (``tests/runtime/rpc/test_ps_training.py``'s criterion: float64, rtol 1e-9, atol 1e-12), for a model with
   a distributed table, Adam and a decaying learning rate.
+- The same job with every batch on the data plane (``FLAGS_rpc_data_plane_min_bytes=1``): each trainer
+  moves its batches to the pserver of the other host on the TCP plane (``runtime.rpc.tcp_plane``; its
+  ``data plane:`` line says ``tcp (N transfers)``) and to the one of its own host through shared memory,
+  and the parameters equal the same job on pure gRPC (``FLAGS_rpc_data_plane=off``), rtol 1e-9.
 - The CTR example laid out the same way: every trainer trains its 14 batches, and trainer 0's test AUC
   passes the distributed examples' bar (``tests/examples/test_examples_distributed.py``: > 0.72) and is
   within ``AUC_MARGIN`` of one process trained on the union of the batches (batch 1024 of the same shuffle
@@ -15,8 +19,8 @@
   parameters with other draws than one process's (0.772 against 0.780 measured).
 - nccl2, 2 trainers on 2 hosts: parameters equal one process on the union of the batches
   (``tests/runtime/collective``'s criterion, rtol 1e-5).
-- A host taken down mid-run, by killing its processes or by setting its link down: the survivors on the
-  other host exit non-zero within ``DOWN_WAIT_S``, their errors naming the lost endpoint (a pserver names
+- A host taken down mid-run, by killing its processes or by setting its link down (PS jobs on gRPC and on
+  the TCP data plane): the survivors on the other host exit non-zero within ``DOWN_WAIT_S``, their errors naming the lost endpoint (a pserver names
   the lost trainer by id: it knows trainers by id only; it may name trainer 0 too, which waits on the lost
   pserver). Except a collective host whose link goes down (xfail, see the test). The timeouts are set small for this
   (``FLAGS_rpc_deadline``, ``FLAGS_pserver_timeout_ms``, ``FLAGS_collective_timeout_s``,
@@ -163,6 +167,36 @@ def test_ps_2x2_sync_across_two_hosts_equals_one_process(tmp_path: pathlib.Path,
         np.testing.assert_allclose(final[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
 
 
+def test_ps_2x2_sync_across_two_hosts_on_the_tcp_plane_equals_grpc(tmp_path: pathlib.Path,
+                                                                    netns_hosts: Callable[[int], Hosts]) -> None:
+    model, opt, lr, steps = "table", "adam", "exp", 8
+    final = {}
+    for plane in ("auto", "off"):  # every batch on the data plane (min bytes 1), then pure gRPC
+        out = tmp_path / plane
+        out.mkdir()
+        job = Job(netns_hosts(2), out, {**PS_FLAGS, "FLAGS_rpc_data_plane": plane,
+                                        "FLAGS_rpc_data_plane_min_bytes": "1"})
+        servers, _ = start_ps(job, ["-m", "tests.runtime.rpc.ps_worker", "--out", str(out), "--model", model, "--opt",
+                                    opt, "--lr", lr, "--steps", str(steps)])
+        codes = job.wait()
+        assert all(c == 0 for c in codes.values()), f"{plane}: exit codes {codes}; logs:\n{job.logs()}"
+        for t in (0, 1):  # trainer t: shared memory with the pserver of its host, TCP with the other's
+            line = re.search(r"^data plane: (.*)$", job.log(f"trainer.{t}"), re.MULTILINE)
+            assert line, job.logs()
+            if plane == "auto":
+                assert re.search(rf"{re.escape(servers[1 - t])} tcp \([1-9]\d* transfers\)", line.group(1)), \
+                    line.group(1)
+                assert f"{servers[t]} shm" in line.group(1), line.group(1)
+            else:
+                assert line.group(1) == "unused", line.group(1)
+        final[plane] = trained(out, model, 2)
+        if plane == "auto":
+            init = trained(out, model, 2, "_init")
+    for name, value in final["off"].items():
+        assert not np.allclose(value, init[name]), f"{name} did not train"
+        np.testing.assert_allclose(final["auto"][name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
 def test_nccl2_two_trainers_on_two_hosts_equal_one_process(tmp_path: pathlib.Path,
                                                            netns_hosts: Callable[[int], Hosts]) -> None:
     configs = ("momentum_fused", "sparse_embedding_sgd")
@@ -188,11 +222,13 @@ def take_down(hosts: Hosts, host: int, how: str) -> None:
         hosts.link_down(host)
 
 
+@pytest.mark.parametrize("plane", ["grpc", "tcp"])
 @pytest.mark.parametrize("how", ["kill", "link_down"])
 def test_ps_host_down_is_named_by_the_survivors(tmp_path: pathlib.Path, netns_hosts: Callable[[int], Hosts],
-                                                 how: str) -> None:
+                                                 how: str, plane: str) -> None:
     hosts = netns_hosts(2)
-    job = Job(hosts, tmp_path, PS_FLAGS)
+    # tcp: every batch on the data plane, so the survivors lose the other host on its TCP stream
+    job = Job(hosts, tmp_path, {**PS_FLAGS, **({"FLAGS_rpc_data_plane_min_bytes": "1"} if plane == "tcp" else {})})
     servers, _ = start_ps(job, ["-m", "tests.runtime.rpc.ps_worker", "--out", str(tmp_path), "--steps", "400",
                                 "--sleep", "0.05"])
     job.wait_for_line("trainer.0", r"step 3\b")
