@@ -50,7 +50,7 @@ again only once they are all gone (the pool's rule), so a value is never overwri
 64 MiB frame costs no fresh allocation. Each side sends the parts of a batch (headers, and views of the
 tensors as ``wire.encode_parts`` makes them) with ``sendmsg``, never joining them: the sender's values must
 not change until the call returns (a trainer's gradients of a flush; a sync pserver's parameters, unchanged
-until this trainer's FETCH barrier, as for gRPC; an async pserver copies each value under its lock first).
+until this trainer's next SEND barrier, as for gRPC; an async pserver copies each value under its lock first).
 
 Trust. No token (an insecure or mTLS-only job): no key, so no TCP plane; that pserver's transfers all take
 gRPC. TLS (with or without a token): no TCP plane either, since its frames are not encrypted and tensors
