@@ -4,13 +4,18 @@ One process serves a 64 MiB payload as a server stream of 1 MiB chunks (as ``Get
 on 127.0.0.1 and fetches it into a reused buffer over 1, 2 and 4 parallel streams on separate channels,
 each fetching its share; the median of ``--reps`` fetches, in GB/s (1e9 bytes/s).
 
-``python bench/grpc_ceiling.py [--mib 64] [--chunk-mib 1] [--reps 7]``
+Then the cost of a small call (a Barrier's size): the process CPU (both ends, one process) per unary call
+and per message on an open bidirectional stream, ``--calls`` of each after a warm-up.
+
+``python bench/grpc_ceiling.py [--mib 64] [--chunk-mib 1] [--reps 7] [--calls 3000]``
 """
 from __future__ import annotations
 
 import argparse
+import queue
 import time
 from concurrent import futures
+from typing import Callable, Iterator
 
 import grpc
 
@@ -22,6 +27,7 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--chunk-mib", type=int, default=1)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=3000, help="small calls timed each way (0: skip)")
     args = ap.parse_args()
     size, chunk = args.mib << 20, args.chunk_mib << 20
     payload = memoryview(bytes(size))
@@ -31,9 +37,18 @@ def main() -> None:
         for at in range(lo, hi, chunk):
             yield bytes(payload[at:min(at + chunk, hi)])
 
+    def echo(request: bytes, context: object) -> bytes:
+        return b"ok"
+
+    def echo_stream(requests: Iterator[bytes], context: object) -> Iterator[bytes]:
+        for _ in requests:
+            yield b"ok"
+
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=OPTIONS)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "ceiling.Bulk", {"Get": grpc.unary_stream_rpc_method_handler(serve)}),))
+        "ceiling.Bulk", {"Get": grpc.unary_stream_rpc_method_handler(serve),
+                         "Echo": grpc.unary_unary_rpc_method_handler(echo),
+                         "EchoStream": grpc.stream_stream_rpc_method_handler(echo_stream)}),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options=OPTIONS + [("flotilla.channel", i)])
@@ -59,11 +74,44 @@ def main() -> None:
                 times.append(time.perf_counter() - start)
             print(f"{args.mib} MiB as {args.chunk_mib} MiB chunks over {streams} stream(s): "
                   f"{size / sorted(times)[len(times) // 2] / 1e9:.2f} GB/s", flush=True)
+        if args.calls:
+            small_calls(channels[0], args.calls)
     finally:
         for channel in channels:
             channel.close()
         server.stop(None)
         pool.shutdown()
+
+
+def small_calls(channel: grpc.Channel, calls: int) -> None:
+    """CPU (this process: client and server) per small unary call and per message on an open stream."""
+    unary = channel.unary_unary("/ceiling.Bulk/Echo")
+    outbox: queue.Queue[bytes | None] = queue.Queue()
+
+    def requests() -> Iterator[bytes]:
+        while (item := outbox.get()) is not None:
+            yield item
+
+    replies = channel.stream_stream("/ceiling.Bulk/EchoStream")(requests())
+
+    def on_stream(request: bytes) -> None:
+        outbox.put(request)
+        next(replies)
+
+    ways: dict[str, Callable[[bytes], object]] = {"unary call": lambda r: unary(r, timeout=10),
+                                                  "message on a bidirectional stream": on_stream}
+    try:
+        for what, call in ways.items():
+            for _ in range(200):
+                call(b"x")
+            cpu, wall = time.process_time(), time.perf_counter()
+            for _ in range(calls):
+                call(b"x")
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            print(f"small {what}: {cpu / calls * 1e3:.3f} ms CPU (both ends), {wall / calls * 1e3:.3f} ms wall",
+                  flush=True)
+    finally:
+        outbox.put(None)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ SHM_TARGET = {64: 2.0, 4: 1.0}  # same-host data plane against raw loopback TCP,
 CPU_TARGET = 1.3  # a PS job's CPU per 1,000 examples against the single-process job's
 DP_LABEL = {"off": "gRPC", "auto": "shm"}
 DP_SUFFIX = " +shm"
+CROSS_DP_SUFFIX = " +tcp"  # a job across hosts with the data plane on: TCP to the other host's pserver
 JOB_TARGET = 0.6  # the whole 1x2 job against single-process training, examples/s
 PADDLE_TARGET = 2.5  # issue 24; 1x2 async examples/s per trainer against Paddle's PS on the same job
 GB = 1e9
@@ -489,25 +490,25 @@ def print_jobs(rows: list[dict[str, Any]], local: float, paddle: str | None) -> 
     print(f"(b) CTR job, examples/s; ref: {source}")
     print("    CPU ms/1k ex: CPU time of every process of the job (pservers included) over the timed steps, per "
           "1,000 examples")
-    print(f"{'job':<24} {'per trainer':>12} {'total':>9} {'total/local':>12} {'per tr./ref':>12} {'CPU ms/1k ex':>13} "
+    print(f"{'job':<30} {'per trainer':>12} {'total':>9} {'total/local':>12} {'per tr./ref':>12} {'CPU ms/1k ex':>13} "
           f"{'loss first->last':>18}")
     for r in rows:
         cpu = f"{r['cpu_ms_per_kex']:13.1f}" if r.get("cpu_ms_per_kex") else f"{'-':>13}"
         ref = f"{r['per_trainer'] / reference(rows, r['job'])[0]:12.2f}" if r["pservers"] and not r.get("paddle") \
             else f"{'-':>12}"
-        print(f"{r['job']:<24} {r['per_trainer']:12,.0f} {r['total']:9,.0f} {r['total'] / local:12.2f} "
+        print(f"{r['job']:<30} {r['per_trainer']:12,.0f} {r['total']:9,.0f} {r['total'] / local:12.2f} "
               f"{ref} {cpu} {r['loss_first']:8.4f} -> {r['loss_last']:.4f}")
     print()
     print("(c) bytes moved per trainer step (gRPC requests + replies, and batches through shared memory), KB = 1e3 "
           "bytes")
-    print(f"{'job':<24} {'send':>8} {'get':>8} {'prefetch':>9} {'other':>6} {'total':>8} {'minimum':>8} "
+    print(f"{'job':<30} {'send':>8} {'get':>8} {'prefetch':>9} {'other':>6} {'total':>8} {'minimum':>8} "
           f"{'tot/min':>8} {'grad rows':>10} {'unique':>7} {'rows/uniq':>10} {'sparse/min':>11}")
     for r in rows:
         w = r.get("wire")
         if not w:
             continue
         m = w["by_method"]
-        print(f"{r['job']:<24} {m.get('send', 0) / 1e3:8.0f} {m.get('get', 0) / 1e3:8.0f} "
+        print(f"{r['job']:<30} {m.get('send', 0) / 1e3:8.0f} {m.get('get', 0) / 1e3:8.0f} "
               f"{m.get('prefetch', 0) / 1e3:9.0f} {m.get('other', 0) / 1e3:6.1f} {w['bytes_per_step'] / 1e3:8.0f} "
               f"{w['min_bytes_per_step'] / 1e3:8.0f} {w['bytes_per_step'] / w['min_bytes_per_step']:8.2f} "
               f"{w['sparse_rows_per_step']:10.0f} {w['unique_ids_per_step']:7.0f} "
@@ -639,19 +640,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def cross_host_jobs(jobs: list[Job], args: argparse.Namespace, env: dict[str, str], tmp: pathlib.Path) -> list[dict[str, Any]]:
-    """The PS jobs again across ``--hosts`` and (``--netns``) across 2 namespaced hosts, plain and shaped."""
-    env = {**env, "FLOTILLA_JOB_TOKEN": os.urandom(32).hex()}
+    """The PS jobs again across ``--hosts`` and (``--netns``) across 2 namespaced hosts, plain and shaped,
+    each with every ``--data-plane`` mode (``auto`` after ``off`` marked ``+tcp``: the trainer on the
+    pserver's host uses shared memory, the other one the TCP plane)."""
+    env = {**env, "FLOTILLA_JOB_TOKEN": os.urandom(32).hex()}  # the TCP plane needs it, as a real job does
     rows: list[dict[str, Any]] = []
+    modes = args.data_plane
 
     def run_all(placement: Placement) -> None:
-        for job in jobs:
-            if job.pservers:
-                start = time.perf_counter()
-                rows.append(run_job(Job(f"{job.name} {placement.label}", job.pservers, job.trainers, job.mode),
-                                    args, env, tmp, placement))
-                print(f"{rows[-1]['job']}: {rows[-1]['per_trainer']:,.0f} examples/s per trainer, "
-                      f"{rows[-1]['total']:,.0f} total ({time.perf_counter() - start:.1f}s with start-up, "
-                      f"load {os.getloadavg()[0]:.2f})", flush=True)
+        for job, mode in ((job, mode) for job in jobs if job.pservers for mode in modes):
+            suffix = CROSS_DP_SUFFIX if mode == "auto" and len(modes) > 1 else ""
+            start = time.perf_counter()
+            rows.append(run_job(Job(f"{job.name}{suffix} {placement.label}", job.pservers, job.trainers, job.mode),
+                                args, {**env, "FLAGS_rpc_data_plane": mode}, tmp, placement))
+            print(f"{rows[-1]['job']}: {rows[-1]['per_trainer']:,.0f} examples/s per trainer, "
+                  f"{rows[-1]['total']:,.0f} total ({time.perf_counter() - start:.1f}s with start-up, "
+                  f"load {os.getloadavg()[0]:.2f})", flush=True)
 
     if args.hosts:
         run_all(Placement("@" + ",".join(args.hosts), tuple(existing_hosts(args.hosts))))
@@ -667,18 +671,25 @@ def cross_host_jobs(jobs: list[Job], args: argparse.Namespace, env: dict[str, st
 
 def print_cross_host(rows: list[dict[str, Any]]) -> None:
     """Per trainer examples/s of each PS job on loopback and across hosts, and the ratio."""
-    loop = {r["job"]: r for r in rows if not r.get("placement") and r["pservers"] and "+" not in r["job"]}
+    loop = {r["job"]: r for r in rows if not r.get("placement") and r["pservers"] and not r.get("paddle")}
     cross = [r for r in rows if r.get("placement")]
     if not cross:
         return
+    by_name = {r["job"]: r for r in cross}
     print()
-    print("(e) across hosts: per trainer examples/s, against the same job on 127.0.0.1 in this run")
-    print(f"{'job':<12} {'placement':<20} {'per trainer':>12} {'loopback':>10} {'ratio':>7} {'total':>9}")
+    print("(e) across hosts: per trainer examples/s, against the same job (same data plane) on 127.0.0.1 in this "
+          "run; +tcp: FLAGS_rpc_data_plane=auto (the cross-host trainer on the TCP plane), tcp/gRPC: against the "
+          "same placement with the data plane off")
+    print(f"{'job':<18} {'placement':<20} {'per trainer':>12} {'loopback':>10} {'ratio':>7} {'tcp/gRPC':>9} "
+          f"{'CPU ms/1k ex':>13} {'total':>9}")
     for r in cross:
         base = r["job"][:-len(r["placement"]) - 1]
-        lp = loop.get(base)
+        lp = loop.get(base.replace(CROSS_DP_SUFFIX, DP_SUFFIX))
         ref = f"{lp['per_trainer']:10,.0f} {r['per_trainer'] / lp['per_trainer']:7.2f}" if lp else f"{'-':>10} {'-':>7}"
-        print(f"{base:<12} {r['placement']:<20} {r['per_trainer']:12,.0f} {ref} {r['total']:9,.0f}")
+        off = by_name.get(r["job"].replace(CROSS_DP_SUFFIX, "")) if CROSS_DP_SUFFIX in r["job"] else None
+        vs = f"{r['per_trainer'] / off['per_trainer']:9.2f}" if off else f"{'-':>9}"
+        cpu = f"{r['cpu_ms_per_kex']:13.1f}" if r.get("cpu_ms_per_kex") else f"{'-':>13}"
+        print(f"{base:<18} {r['placement']:<20} {r['per_trainer']:12,.0f} {ref} {vs} {cpu} {r['total']:9,.0f}")
 
 
 def warmup_steps(job: Job, warmup: int) -> int:
@@ -752,7 +763,7 @@ def print_data_plane(rows: list[dict[str, Any]]) -> None:
 
 
 def print_trust(rows: list[dict[str, Any]]) -> None:
-    rows = [r for r in rows if DP_SUFFIX not in r["job"]]
+    rows = [r for r in rows if DP_SUFFIX not in r["job"] and not r.get("placement")]
     plain = {r["job"]: r for r in rows if "+" not in r["job"]}
     lines = []
     for r in rows:
@@ -915,13 +926,14 @@ def plot_bars(result: dict[str, Any]) -> list[plotting.Bar]:
         if not r["pservers"]:
             bars.append(plotting.Bar(r["job"], "Flotilla", r["per_trainer"]))
             continue
-        job, shm = r["job"].replace(DP_SUFFIX, ""), DP_SUFFIX in r["job"]
-        base, _, variant = job.partition(" +")
+        job = r["job"][:-len(r["placement"]) - 1] if r.get("placement") else r["job"]
+        shm, tcp = DP_SUFFIX in job, CROSS_DP_SUFFIX in job
+        base, _, variant = job.replace(DP_SUFFIX, "").replace(CROSS_DP_SUFFIX, "").partition(" +")
         extras = [f"+{variant}"] if variant else []
         if r.get("placement"):
-            base = base[:-len(r["placement"]) - 1]
             extras.append(r["placement"])
-        series = ", ".join(["Flotilla", DP_LABEL["auto" if shm else modes[0]], *extras])
+        plane = "TCP plane" if tcp else DP_LABEL["auto" if shm else modes[0]]
+        series = ", ".join(["Flotilla", plane, *extras])
         bars.append(plotting.Bar(base, series, r["per_trainer"]))
     if "1x2 async" in {b.group for b in bars} and not any(b.group == "1x2 async" and "PS" in b.series for b in bars):
         bars.append(plotting.Bar("1x2 async", "Paddle 2.6.2 PS", result["reference_per_trainer"], recorded=True))

@@ -334,33 +334,50 @@ class WireCounter:
 
         client_mod.RPCClient._call = counted  # type: ignore[method-assign]
 
-        # The data plane (runtime.rpc.shm) moves large batches through shared memory: counted by what they
-        # carry, so a job's bytes per step compare across FLAGS_rpc_data_plane (the gRPC reference is small).
-        send_shm: Callable[..., bool] = client_mod.RPCClient._send_shm
-        get_shm: Callable[..., Any] = client_mod.RPCClient._get_shm
+        # The data planes move large batches through shared memory (runtime.rpc.shm) or, to a pserver on
+        # another host, on a TCP stream (runtime.rpc.tcp_plane): counted by what they carry, so a job's bytes
+        # per step compare across FLAGS_rpc_data_plane (the gRPC reference a shm call carries is small).
+        def counted_send(send: Callable[..., bool]) -> Callable[..., bool]:
+            def counted(self: Any, endpoint: str, messages: list[tuple[str, tuple[list[Any], int]]]) -> bool:
+                done = send(self, endpoint, messages)
+                if done:
+                    headers = [(pb.VariableMessage.FromString(bytes(parts[0])), total)
+                               for _, (parts, total) in messages]
+                    with counter.lock:
+                        counter.bytes["send"] = counter.bytes.get("send", 0) + sum(total for _, total in headers)
+                        for header, total in headers:
+                            if header.type == pb.SELECTED_ROWS:
+                                counter.sparse_rows += int(header.dims[0])
+                                counter.sparse_bytes += total
+                return done
+            return counted
 
-        def counted_send(self: Any, endpoint: str, messages: list[tuple[str, tuple[list[Any], int]]]) -> bool:
-            done = send_shm(self, endpoint, messages)
-            if done:
-                headers = [(pb.VariableMessage.FromString(bytes(parts[0])), total) for _, (parts, total) in messages]
+        def counted_get(get: Callable[..., Any]) -> Callable[..., Any]:
+            def counted(self: Any, endpoint: str, names: list[str]) -> Any:
+                values = get(self, endpoint, names)
+                if values is not None:
+                    with counter.lock:
+                        counter.bytes["get"] = counter.bytes.get("get", 0) + sum(
+                            getattr(v, "nbytes", 0) + len(n) for n, v in zip(names, values))
+                return values
+            return counted
+
+        prefetch_tcp: Callable[..., Any] = client_mod.RPCClient._prefetch_tcp
+
+        def counted_prefetch_tcp(self: Any, endpoint: str, name: str, ids: Any, table: str) -> Any:
+            rows = prefetch_tcp(self, endpoint, name, ids, table)
+            if rows is not None:
                 with counter.lock:
-                    counter.bytes["send"] = counter.bytes.get("send", 0) + sum(total for _, total in headers)
-                    for header, total in headers:
-                        if header.type == pb.SELECTED_ROWS:
-                            counter.sparse_rows += int(header.dims[0])
-                            counter.sparse_bytes += total
-            return done
+                    counter.bytes["prefetch"] = counter.bytes.get("prefetch", 0) + getattr(ids, "nbytes", 0) + \
+                        getattr(rows, "nbytes", 0)
+                    counter.calls["prefetch"] = counter.calls.get("prefetch", 0) + 1
+            return rows
 
-        def counted_get(self: Any, endpoint: str, names: list[str]) -> Any:
-            values = get_shm(self, endpoint, names)
-            if values is not None:
-                with counter.lock:
-                    counter.bytes["get"] = counter.bytes.get("get", 0) + sum(
-                        getattr(v, "nbytes", 0) + len(n) for n, v in zip(names, values))
-            return values
-
-        client_mod.RPCClient._send_shm = counted_send  # type: ignore[method-assign]
-        client_mod.RPCClient._get_shm = counted_get  # type: ignore[method-assign]
+        client_mod.RPCClient._send_shm = counted_send(client_mod.RPCClient._send_shm)  # type: ignore[method-assign]
+        client_mod.RPCClient._get_shm = counted_get(client_mod.RPCClient._get_shm)  # type: ignore[method-assign]
+        client_mod.RPCClient._send_tcp = counted_send(client_mod.RPCClient._send_tcp)  # type: ignore[method-assign]
+        client_mod.RPCClient._get_tcp = counted_get(client_mod.RPCClient._get_tcp)  # type: ignore[method-assign]
+        client_mod.RPCClient._prefetch_tcp = counted_prefetch_tcp  # type: ignore[method-assign]
 
 
 def _train(args: argparse.Namespace, distributed: bool) -> dict[str, Any]:

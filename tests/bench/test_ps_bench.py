@@ -55,6 +55,23 @@ def test_paddle_measured_in_the_run_replaces_the_recorded_figure() -> None:
     ]
 
 
+def test_cross_host_jobs_name_their_data_plane(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--netns --data-plane both``: the cross-host job with the plane on is the TCP plane's bar and row,
+    compared with the same placement on gRPC and with the same job (same plane) on loopback."""
+    rows = [_row("single-process", 20_000.0, pservers=0), _row("1x2 async", 14_000.0),
+            _row("1x2 async +shm", 18_000.0), _row("1x2 async @netns", 12_000.0, placement="@netns", total=24_000.0),
+            _row("1x2 async +tcp @netns", 15_000.0, placement="@netns", cpu_ms_per_kex=40.0, total=30_000.0)]
+    bars = pb.plot_bars(_result(rows, ["off", "auto"]))
+    assert [(b.group, b.series) for b in bars][-3:-1] == [("1x2 async", "Flotilla, gRPC, @netns"),
+                                                          ("1x2 async", "Flotilla, TCP plane, @netns")]
+    pb.print_cross_host(rows)
+    out = capsys.readouterr().out.splitlines()
+    plain = next(line for line in out if line.startswith("1x2 async ") and "+tcp" not in line and "@netns" in line)
+    tcp = next(line for line in out if line.startswith("1x2 async +tcp"))
+    assert plain.split()[3:6] == ["12,000", "14,000", "0.86"], plain  # against loopback gRPC; no tcp/gRPC
+    assert tcp.split()[4:9] == ["15,000", "18,000", "0.83", "1.25", "40.0"], tcp  # loopback shm; 15k / 12k
+
+
 def test_no_recorded_paddle_bar_without_its_job() -> None:
     bars = pb.plot_bars(_result([_row("single-process", 1.0, pservers=0), _row("2x2 sync", 2.0)], ["off"]))
     assert [b.series for b in bars] == ["Flotilla", "Flotilla, gRPC"]
