@@ -348,7 +348,9 @@ class BatchWriter:
         return parts, n
 
 
-_CHECK_CHUNK = 1 << 16  # elements: each is copied, then checked while it is still in the cache
+# bytes a piece: each is copied, then checked while it is still in the cache (source and copy, 2 MiB, fit
+# an L2 of this size; 1 MiB pieces sent 64 MiB at 6.5-7.1 GB/s against 5.2-6.3 for 256 KiB pieces)
+_CHECK_BYTES = 1 << 20
 
 
 def copy_out(decoded: Decoded, buffers: ReceiveBuffers, ready: Callable[[int], None] | None = None) -> Decoded:
@@ -390,9 +392,10 @@ def _copy_array(src: np.ndarray, buffers: ReceiveBuffers,
         into[:nbytes] = out
     else:
         size = src.dtype.itemsize
-        flags = np.empty(min(flat.size, _CHECK_CHUNK), bool)
-        for at in range(0, flat.size, _CHECK_CHUNK):
-            end = min(at + _CHECK_CHUNK, flat.size)
+        step = max(1, _CHECK_BYTES // size)
+        flags = np.empty(min(flat.size, step), bool)
+        for at in range(0, flat.size, step):
+            end = min(at + step, flat.size)
             if ready is not None:
                 ready(base + end * size)
             into[at * size:end * size] = out[at * size:end * size]

@@ -716,8 +716,8 @@ def test_copy_out_copies_bit_exactly_and_checks_finite_on_the_way(kind: str) -> 
     rng = np.random.default_rng(0)
     value: Any = {"float32": lambda: rng.normal(size=(300, 700)).astype(np.float32),
                   "float64-nan": lambda: np.where(np.arange(5000) == 17, np.nan, 1.0).reshape(50, 100),
-                  "float32-inf-in-last-chunk": lambda: np.where(np.arange(200_000) == 199_999, np.inf,
-                                                                0.5).astype(np.float32),
+                  "float32-inf-in-last-chunk": lambda: np.where(np.arange(600_000) == 599_999, np.inf,
+                                                                0.5).astype(np.float32),  # 3 pieces of 1 MiB
                   "int64": lambda: rng.integers(-5, 5, (1000, 3)),
                   "rows": lambda: SelectedRows(np.array([4, 1, 9]), rng.normal(size=(3, 8)).astype(np.float32), 10),
                   "empty": lambda: np.zeros((0, 4), np.float32)}[kind]()
