@@ -192,7 +192,7 @@ def bench_transport(procs: Procs, sizes_mib: list[int], reps: int, modes: list[s
     pserver per data-plane mode (``FLAGS_rpc_data_plane`` off: gRPC; auto: shared memory, this process
     being on the pserver's host) run at once, and every transfer of a size takes its turn within every
     repetition, so load from other processes falls on them alike."""
-    from bench.ps_bench_worker import TcpClient, transport_names
+    from bench.ps_bench_worker import TcpClient, time_transfers, transport_names
     from runtime.rpc.client import RPCClient
 
     port_file = procs.tmp / "tcp_port.json"
@@ -226,13 +226,7 @@ def bench_transport(procs: Procs, sizes_mib: list[int], reps: int, modes: list[s
                     out[:] = []  # the previous value goes first: its segment is free for this fetch
                     out[:] = c.get([(ep, param)])
                 ways[f"{mode} get"] = get
-            samples: dict[str, list[float]] = {k: [] for k in ways}
-            for rep in range(reps + 2):  # the first two rounds warm up (a fetch learns the size, then maps)
-                for key, fn in ways.items():
-                    start = time.perf_counter()
-                    fn()
-                    if rep > 1:
-                        samples[key].append(time.perf_counter() - start)
+            samples = time_transfers(ways, reps)
             for mode in modes:
                 if np.asarray(got[mode][0]).nbytes != n:
                     raise BenchError(f"GetVariable of {param!r} returned {np.asarray(got[mode][0]).nbytes} bytes, "

@@ -59,6 +59,7 @@ from ir.core import Program  # noqa: E402
 from ir.errors import FlotillaError  # noqa: E402
 from flotilla.fluid.initializer import Uniform  # noqa: E402
 from ir.names import unique_name  # noqa: E402
+from runtime.rpc.tcp_plane import recv_exact  # noqa: E402
 from transpiler import DistributeTranspiler, DistributeTranspilerConfig  # noqa: E402
 
 ROW_WIDTH = 1024
@@ -155,31 +156,31 @@ def run_tcp_sink(args: argparse.Namespace) -> None:
     view = memoryview(buf)
     header = bytearray(HEADER.size)
     while True:
-        if not _recv_exact(conn, memoryview(header)):
+        if not recv_exact(conn, memoryview(header)):
             break
         kind, n = HEADER.unpack(header)
         if n > len(buf):
             raise WorkerError(f"tcp-sink: a request of {n} bytes exceeds the {len(buf)}-byte buffer",
                               hint="raise --buffer-mib")
         if kind == b"S":
-            _recv_exact(conn, view[:n])
+            recv_exact(conn, view[:n])
             conn.sendall(b"k")
         else:
             conn.sendall(view[:n])
     conn.close()
 
 
-def _recv_exact(conn: socket.socket, view: memoryview) -> bool:
-    """Fill ``view`` from ``conn``; False if the peer closed before the first byte."""
-    got = 0
-    while got < len(view):
-        n = conn.recv_into(view[got:])
-        if n == 0:
-            if got == 0:
-                return False
-            raise WorkerError(f"the peer closed after {got} of {len(view)} bytes")
-        got += n
-    return True
+def time_transfers(ways: dict[Any, Callable[[], object]], reps: int) -> dict[Any, list[float]]:
+    """Seconds of each of ``reps`` calls of every way, the ways taken in turn each round after two untimed
+    rounds (the first fetch learns a value's size, the second takes the data plane)."""
+    samples: dict[Any, list[float]] = {key: [] for key in ways}
+    for rep in range(reps + 2):
+        for key, fn in ways.items():
+            start = time.perf_counter()
+            fn()
+            if rep > 1:
+                samples[key].append(time.perf_counter() - start)
+    return samples
 
 
 class TcpClient:
@@ -193,7 +194,7 @@ class TcpClient:
         self.ack = memoryview(bytearray(1))
 
     def _recv_exact(self, view: memoryview) -> None:
-        if not _recv_exact(self.conn, view):
+        if not recv_exact(self.conn, view):
             raise WorkerError("the tcp sink closed the connection")
 
     def send(self, n: int) -> None:
@@ -258,13 +259,7 @@ def run_transport_client(args: argparse.Namespace) -> None:
                     out[:] = []  # the previous value goes first: its receive buffer is free for this fetch
                     out[:] = c.get([(e, param)])
                 ways[mode, "get"] = get
-            samples: dict[tuple[str, str], list[float]] = {k: [] for k in ways}
-            for rep in range(args.reps + 2):  # two warm-up rounds: a fetch learns the size, then takes the plane
-                for key, fn in ways.items():
-                    start = time.perf_counter()
-                    fn()
-                    if rep > 1:
-                        samples[key].append(time.perf_counter() - start)
+            samples = time_transfers(ways, args.reps)
             for mode in modes:
                 if np.asarray(held[mode][0]).nbytes != value.nbytes:
                     raise WorkerError(f"{mode}: a fetch of {param!r} returned {np.asarray(held[mode][0]).nbytes} "
