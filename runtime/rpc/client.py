@@ -281,11 +281,21 @@ class RPCClient:
                                f"({code.name}, attempt {attempt}): {e.details()}", hint=hint, status=code) from None
 
     def _all(self, jobs: Sequence[tuple[str, str, bytes, str]]) -> list[bytes]:
-        """Run the calls ``(endpoint, method, request, what)`` concurrently; results in order."""
+        """Run the calls ``(endpoint, method, request, what)`` concurrently; results in order. When several
+        fail, the error raised names an unreachable pserver if one is (UNAVAILABLE): a SEND barrier to a live
+        pserver times out only because the job lost another one, which is the cause to report."""
         if len(jobs) == 1:
             return [self._call(*jobs[0])]
         futs = [self._pool.submit(self._call, *job) for job in jobs]
-        return [f.result() for f in futs]
+        results, errors = [], []
+        for f in futs:
+            try:
+                results.append(f.result())
+            except RPCError as e:
+                errors.append(e)
+        if errors:
+            raise next((e for e in errors if e.status == grpc.StatusCode.UNAVAILABLE), errors[0])
+        return results
 
     # --- the operations the kernels need
     def send(self, endpoint: str, name: str, value: Any) -> None:

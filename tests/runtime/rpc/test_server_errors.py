@@ -385,3 +385,20 @@ def test_listen_and_serv_serves_until_every_trainer_completed(monkeypatch: pytes
             grpc.channel_ready_future(probe).result(timeout=0.5)
     finally:
         probe.close()
+
+
+def test_a_barrier_names_the_lost_pserver_not_the_live_one_it_waited_on(tracker: Tracker) -> None:
+    """Trainer 0's SEND barrier goes to two pservers; one is stopped. The live one's barrier can only time
+    out (trainer 1 never comes), the lost one's is UNAVAILABLE: the error raised names the lost one."""
+    live, lost = (build_pserver(True, serve=True, tracker=tracker) for _ in range(2))
+    client = RPCClient(0, deadline=2.0, incarnation=inc(0))
+    try:
+        client.announce([live.endpoint, lost.endpoint])
+        assert lost.server is not None
+        lost.server.stop(None).wait(JOIN_S)
+        with pytest.raises(RPCError) as info:
+            client.barrier([live.endpoint, lost.endpoint], send=True)
+    finally:
+        with pytest.raises(RPCError, match=lost.endpoint):  # its Complete cannot reach the lost one either
+            client.close()
+    assert info.value.status == CODE.UNAVAILABLE and lost.endpoint in info.value.message, info.value.message
