@@ -27,9 +27,9 @@ import pytest
 from runtime.flags import FlagError, data_plane_mode
 from runtime.rpc import send_recv_pb2 as pb
 from runtime.rpc.client import RPCClient, RPCError
-from runtime.rpc.shm import (ALIGN_SLACK, CONTROL_GET, CONTROL_PREFETCH, CONTROL_SEND, HEADER_BYTES, NONCE_BYTES,
-                             TENSOR_ALIGN, BatchWriter, ControlFailed, PServerPlane, Segment, ShmError, TrainerPlane,
-                             create_segment, leftover_segments, open_segment, ref_mac, write_batch)
+from runtime.rpc.shm import (ALIGN_SLACK, CONTROL_GET, CONTROL_OK, CONTROL_PREFETCH, CONTROL_SEND, HEADER_BYTES,
+                             NONCE_BYTES, TENSOR_ALIGN, BatchWriter, ControlFailed, PServerPlane, Segment, ShmError,
+                             TrainerPlane, create_segment, leftover_segments, open_segment, ref_mac, write_batch)
 from runtime.rpc.wire import decode_batch, encode_batch, encode_parts
 from runtime.scope import SelectedRows
 from tests.runtime.rpc.conftest import LR, PARAMS, PSHandle, Tracker, build_pserver, inc
@@ -577,6 +577,38 @@ def test_a_killed_trainer_leaves_nothing_and_the_pserver_serves_the_others(track
 
 
 # --- FLAGS_rpc_data_plane=off -----------------------------------------------------------------------------------
+def test_a_send_applied_before_the_control_socket_broke_is_not_applied_again(tracker: Tracker) -> None:
+    """The pserver applies a send that came through the control socket, then the socket breaks before the
+    answer leaves: the trainer sends the segment again over gRPC (a fresh reference, the variables' same
+    seqs), which the pserver drops as a retry (async mode: a second apply would move the parameter twice)."""
+    h = build_pserver(False, serve=True, tracker=tracker)
+    control = h.pserver.data_plane.control
+    handle, applied = control._handle, []
+
+    def applied_then_broken(method: bytes, request: bytes, progress: Any) -> bytes:
+        answer = handle(method, request, progress)
+        if method == CONTROL_SEND and not applied:
+            applied.append(answer[:1])
+            raise ConnectionResetError("the control socket broke after the pserver applied the send")
+        return answer
+
+    control._handle = applied_then_broken
+    c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="auto")
+    c.shm_threshold = 1
+    try:
+        c.get([(h.endpoint, "fc_b")])  # the segments are open: the send below takes the control socket
+        before = np.asarray(h.scope.find_var("fc_b")).copy()
+        grad = np.full((30,), 0.5, np.float32)
+        for times in (1, 2):  # the second send (seq 2) is applied as usual
+            c.send(h.endpoint, h.grad_name("fc_b", 0), grad)
+            c.wait_sends()
+            np.testing.assert_allclose(np.asarray(h.scope.find_var("fc_b")), before - times * np.float32(LR) * grad,
+                                       rtol=1e-6)
+        assert applied == [CONTROL_OK]  # the first send was applied, its answer lost
+    finally:
+        c.close()
+
+
 def test_off_on_the_trainer_is_pure_grpc(tracker: Tracker) -> None:
     h = build_pserver(True, serve=True, tracker=tracker)
     c = RPCClient(0, incarnation=inc(0), deadline=10.0, data_plane="off")

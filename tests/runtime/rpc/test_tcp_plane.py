@@ -567,6 +567,41 @@ def test_a_broken_connection_falls_back_to_grpc(tracker: Tracker) -> None:
         c.close()
 
 
+def test_a_send_applied_before_the_connection_broke_is_not_applied_again(tracker: Tracker) -> None:
+    """The pserver applies a send, then the connection breaks before its answer leaves: the trainer sends
+    the batch again over gRPC with the same seq, which the pserver drops as a retry (async mode: a second
+    apply would move the parameter twice). The break is injected where it can really happen: after the
+    handler returned, before the answer is written."""
+    s = served_with_token(tracker, False)
+    ep = s.h.endpoint
+    handle, applied = s.tcp._handle, []
+
+    def applied_then_broken(method: bytes, body: memoryview, trainer_id: int, incarnation: int) -> Any:
+        answer = handle(method, body, trainer_id, incarnation)
+        if method == SEND and not applied:
+            applied.append(answer[0])
+            raise ConnectionResetError("the connection broke after the pserver applied the send")
+        return answer
+
+    s.tcp._handle = applied_then_broken
+    c = tcp_client()
+    try:
+        c.get([(ep, "fc_b")])  # connected: the send below goes on the TCP plane
+        before = np.asarray(s.h.scope.find_var("fc_b")).copy()
+        grad = np.full((30,), 0.5, np.float32)
+        c.send(ep, s.h.grad_name("fc_b", 0), grad)
+        c.wait_sends()
+        assert applied == ["OK"]
+        np.testing.assert_allclose(np.asarray(s.h.scope.find_var("fc_b")), before - np.float32(LR) * grad, rtol=1e-6)
+        assert c.data_plane_state()[ep].startswith("grpc: the TCP data plane"), c.data_plane_state()
+        c.send(ep, s.h.grad_name("fc_b", 0), grad)  # the next send (seq 2) is applied as usual, over gRPC
+        c.wait_sends()
+        np.testing.assert_allclose(np.asarray(s.h.scope.find_var("fc_b")), before - 2 * np.float32(LR) * grad,
+                                   rtol=1e-6)
+    finally:
+        c.close()
+
+
 def test_off_on_the_trainer_is_pure_grpc(tracker: Tracker) -> None:
     s = served_with_token(tracker, True)
     c = tcp_client(data_plane="off")
