@@ -214,9 +214,16 @@ def create_segment(number: int, size: int, directory: str = SHM_DIR,
     path = os.path.join(directory, f"flotilla-{os.getpid()}-{secrets.token_hex(12)}")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.fchmod(fd, 0o600)  # whatever the umask
-        os.ftruncate(fd, size)
-        seg = Segment(number, path, size, fd)
+        try:
+            os.fchmod(fd, 0o600)  # whatever the umask
+            os.ftruncate(fd, size)
+            # reserved now: a sparse file in a /dev/shm that fills up later would kill whoever first writes
+            # an unbacked page (SIGBUS); this way a full /dev/shm is ENOSPC here, and the transfer takes gRPC
+            os.posix_fallocate(fd, 0, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        seg = Segment(number, path, size, fd)  # closes fd
     except BaseException:
         try:
             os.unlink(path)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import signal
 import stat
 import subprocess
@@ -652,6 +653,37 @@ def test_the_flag_reads_off_and_auto_only() -> None:
 # --- segment files ----------------------------------------------------------------------------------------------------
 def _reply_for(seg: Segment, nonce: bytes, **over: Any) -> pb.ShmOpenReply:
     return pb.ShmOpenReply(**{"path": seg.path, "segment": 0, "size": seg.size, "nonce": nonce, **over})
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="mounting a small tmpfs in a private mount namespace needs root and unshare")
+def test_a_segment_is_reserved_when_made_so_a_full_dev_shm_is_an_error_not_a_bus_error(
+        tmp_path: pathlib.Path) -> None:
+    """A segment's pages are allocated when it is made (posix_fallocate): in a 1 MiB tmpfs (a container's
+    small /dev/shm) a 4 MiB segment is ENOSPC at once and leaves no file, where a sparse file would have
+    been made and killed its first writer with SIGBUS; a segment that fits is written end to end."""
+    room = tmp_path / "shm"
+    room.mkdir()
+    script = textwrap.dedent(f"""
+        import errno, os
+        from runtime.rpc.shm import create_segment
+        try:
+            create_segment(0, 4 << 20, {str(room)!r})
+            print("made")
+        except OSError as e:
+            print("ENOSPC" if e.errno == errno.ENOSPC else f"errno {{e.errno}}")
+        print(sorted(os.listdir({str(room)!r})))
+        seg, _ = create_segment(1, 256 << 10, {str(room)!r})
+        seg.array[:] = 7
+        print("written", int(seg.array[-1]))
+    """)
+    run = subprocess.run(["unshare", "-m", "sh", "-c", f'mount -t tmpfs -o size=1m tmpfs "{room}" || exit 77; '
+                          f'exec "{sys.executable}" -c "$0"', script], cwd=REPO, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    if run.returncode == 77:
+        pytest.skip(f"no tmpfs mount here: {run.stderr.strip()}")
+    assert (run.returncode, run.stdout) == (0, "ENOSPC\n[]\nwritten 7\n"), run.stderr
+    assert list(room.iterdir()) == []  # the mount went with its namespace
 
 
 def test_a_segment_is_private_and_its_name_goes_once_mapped() -> None:
