@@ -15,7 +15,9 @@ hot path), validated, and handed on in explicit objects.
 ``FLAGS_rpc_data_plane``        off: every tensor travels on gRPC; auto: a trainer on its pserver's host moves
                                 large batches through shared memory, gRPC carrying only signed references
                                 (runtime.rpc.shm), one on another host on a TCP stream authenticated by the
-                                job token (runtime.rpc.tcp_plane; jobs with a token and no TLS) (auto)
+                                job token (runtime.rpc.tcp_plane; jobs with a token and no TLS); tcp: that
+                                TCP stream to every pserver, no shared memory (a container whose /dev/shm is
+                                small, or a test of the TCP plane on one host) (auto)
 ``FLAGS_rpc_data_plane_min_bytes``  bytes from which a batch (send) or a variable (fetch) takes the data
                                 plane (262144)
 ``FLAGS_communicator_max_staleness``  async mode: how many steps a trainer's parameters may lag its own
@@ -92,18 +94,20 @@ def flag(name: str, environ: Mapping[str, str] | None = None) -> int:
     return value
 
 
-DATA_PLANE_MODES = ("off", "auto")
+DATA_PLANE_MODES = ("off", "auto", "tcp")
 
 
 def data_plane_mode(environ: Mapping[str, str] | None = None) -> str:
-    """``FLAGS_rpc_data_plane``: ``off`` (pure gRPC) or ``auto`` (shared memory with a pserver on this host,
-    ``runtime.rpc.shm``; a TCP stream to one on another host, ``runtime.rpc.tcp_plane``); auto when unset."""
+    """``FLAGS_rpc_data_plane``: ``off`` (pure gRPC), ``auto`` (shared memory with a pserver on this host,
+    ``runtime.rpc.shm``; a TCP stream to one on another host, ``runtime.rpc.tcp_plane``) or ``tcp`` (the TCP
+    stream to every pserver, no shared memory); auto when unset."""
     env = os.environ if environ is None else environ
     raw = (env.get("FLAGS_rpc_data_plane") or "auto").strip().lower()
     if raw not in DATA_PLANE_MODES:
         raise FlagError(f"FLAGS_rpc_data_plane={raw!r} is not one of {list(DATA_PLANE_MODES)}",
                         hint="off: every tensor on gRPC; auto (the default): shared memory when trainer and pserver "
-                             "share a host")
+                             "share a host, the TCP data plane when not; tcp: the TCP data plane, never shared "
+                             "memory")
     return raw
 
 

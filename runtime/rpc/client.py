@@ -53,6 +53,8 @@ it has one when the job has a token and no TLS): this client then connects (one 
 reused, after a mutual HMAC handshake) and sends and fetches the batches it would have put in segments on
 that connection, as the bytes SendVariables / GetVariables carry, and its prefetches to that pserver too.
 A connection that cannot be made or breaks leaves that pserver on gRPC for good, that call included.
+With ``tcp`` the client reports no host in ShmOpen, so every pserver (this host's too) answers its TCP plane
+and never a segment.
 """
 from __future__ import annotations
 
@@ -174,6 +176,7 @@ class RPCClient:
         self._lock = threading.Lock()
         self._closed = False
         self.data_plane = data_plane if data_plane is not None else data_plane_mode()
+        # tcp: no host is reported, so no pserver offers segments (only its TCP plane)
         self._host = (host if host is not None else host_id()) if self.data_plane == "auto" else ""
         self._planes: dict[str, TrainerPlane] = {}  # endpoint -> its shared-memory segments
         self._links: dict[str, TcpLink] = {}  # endpoint (on another host) -> its TCP data plane
@@ -327,7 +330,7 @@ class RPCClient:
         msgs = [(name, encode_parts(name, value, trainer_id=self.trainer_id, step=step, seq=seq,
                                     incarnation=self.incarnation)) for name, value, seq, step in entries]
         shm: list[tuple[str, tuple[list[Any], int]]] = []
-        if self.data_plane == "auto" and any(total >= self.shm_threshold for _, (_, total) in msgs) \
+        if self.data_plane != "off" and any(total >= self.shm_threshold for _, (_, total) in msgs) \
                 and self._on_a_plane(endpoint):
             shm, msgs = msgs, []  # the batch takes the data plane: its small gradients ride along, saving a call
         small = [(name, msg) for name, msg in msgs if msg[1] < STREAM_THRESHOLD]
@@ -443,8 +446,9 @@ class RPCClient:
 
     # --- the same-host data plane (runtime.rpc.shm)
     def _plane(self, endpoint: str) -> TrainerPlane | None:
-        """``endpoint``'s segments, unless the data plane is off or that pserver cannot have one."""
-        if self.data_plane != "auto":
+        """``endpoint``'s segments, unless the data plane is off or that pserver cannot have one (with ``tcp``
+        the plane's state only: the pserver answers its TCP plane, never a segment)."""
+        if self.data_plane == "off":
             return None
         with self._lock:
             plane = self._planes.get(endpoint)

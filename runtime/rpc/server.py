@@ -450,7 +450,8 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
     ``security`` (default: none) gives the job token and TLS settings; without authentication only a
     loopback endpoint is served unless ``security.insecure`` (``check_exposure``). ``data_plane``
     (``FLAGS_rpc_data_plane``): ``auto`` offers shared-memory segments to trainers on this host and, with a
-    job token and no TLS, the TCP data plane to trainers on other hosts; ``off`` refuses both.
+    job token and no TLS, the TCP data plane to trainers on other hosts; ``tcp`` offers that TCP plane to
+    every trainer and no segment; ``off`` refuses both.
     ``pserver.close()`` (after stopping the server) removes the segments and stops the TCP plane."""
     security = security or RPCSecurity()
     warning = check_exposure(endpoint, security)
@@ -460,12 +461,13 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
     workers = 16 + 4 * pserver.config.trainers
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pserver"),
                          options=grpc_options(max_message))
-    plane = PServerPlane(pserver.live_incarnation, security.token, endpoint=endpoint, enabled=data_plane == "auto")
+    plane = PServerPlane(pserver.live_incarnation, security.token, endpoint=endpoint, enabled=data_plane != "off",
+                         segments=data_plane == "auto")
     pserver.incarnation_listeners.append(plane.sync_incarnation)
     pserver.closers.append(plane.close)
     pserver.data_plane = plane
     service = ParameterServerService(pserver, security.token, max_message, data_plane=plane)
-    if plane.enabled:
+    if plane.segments:
         try:
             control = ControlServer(service.control_call)
         except OSError as e:  # the trainers' data-plane calls then take gRPC
@@ -474,18 +476,18 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
         else:
             plane.control = control
             pserver.closers.append(control.close)
-        if security.token and not security.server_tls:  # the TCP plane for trainers on other hosts
-            host, _ = parse_endpoint(endpoint, "the pserver's endpoint")
-            try:
-                tcp = TcpPlaneServer(host, key=security.token.encode("utf-8"), trainers=pserver.config.trainers,
-                                     live=pserver.live_incarnation, handle=service.tcp_call,
-                                     max_message=service.max_message, buffers=service.buffers)
-            except OSError as e:  # the trainers on other hosts then stay on gRPC
-                print(f"pserver {endpoint}: no TCP data plane ({e}); trainers on other hosts use gRPC",
-                      file=sys.stderr, flush=True)
-            else:
-                plane.tcp = tcp
-                pserver.closers.append(tcp.close)
+    if plane.enabled and security.token and not security.server_tls:  # the TCP plane (other hosts; tcp: all)
+        host, _ = parse_endpoint(endpoint, "the pserver's endpoint")
+        try:
+            tcp = TcpPlaneServer(host, key=security.token.encode("utf-8"), trainers=pserver.config.trainers,
+                                 live=pserver.live_incarnation, handle=service.tcp_call,
+                                 max_message=service.max_message, buffers=service.buffers)
+        except OSError as e:  # the trainers on other hosts then stay on gRPC
+            print(f"pserver {endpoint}: no TCP data plane ({e}); trainers on other hosts use gRPC",
+                  file=sys.stderr, flush=True)
+        else:
+            plane.tcp = tcp
+            pserver.closers.append(tcp.close)
     server.add_generic_rpc_handlers((service.generic_handler(),))
     creds = server_credentials(security)
     try:

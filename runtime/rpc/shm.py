@@ -5,7 +5,8 @@ With ``auto`` (the default) a trainer whose pserver runs on its own host moves b
 ``FLAGS_rpc_data_plane_min_bytes`` (256 KiB) through segments of shared memory; the call (through the
 pserver's control socket, else gRPC) carries only a reference. A trainer on another host (another
 ``host_id``: machine, ``/dev/shm`` or network namespace) is answered no segment and, where the pserver has
-one, the port of its TCP data plane (``runtime.rpc.tcp_plane``).
+one, the port of its TCP data plane (``runtime.rpc.tcp_plane``); so is every trainer when either side runs
+with ``tcp`` (the trainer then reports no host).
 
 Segments. A trainer asks its pserver for a segment (``ShmOpen``: trainer id, live incarnation, the
 trainer's ``host_id`` and a size). The pserver checks the incarnation and the host, creates a file under
@@ -431,10 +432,12 @@ class PServerPlane:
     live incarnation (None if not announced); ``token`` keys the MACs (None: a random key per trainer)."""
 
     def __init__(self, live: Callable[[int], int | None], token: str | None, *, endpoint: str = "",
-                 enabled: bool = True, max_bytes: int = DEFAULT_MAX_BYTES, directory: str = SHM_DIR) -> None:
+                 enabled: bool = True, segments: bool = True, max_bytes: int = DEFAULT_MAX_BYTES,
+                 directory: str = SHM_DIR) -> None:
         self._live = live
         self._token = token.encode("utf-8") if token else None
         self.endpoint, self.enabled, self.max_bytes, self.directory = endpoint, enabled, max_bytes, directory
+        self.segments = segments  # False (FLAGS_rpc_data_plane=tcp): only the TCP plane is offered
         self._host = host_id()
         self._lock = threading.Lock()
         self._trainers: dict[int, _TrainerSegments] = {}
@@ -452,10 +455,13 @@ class PServerPlane:
                            status="FAILED_PRECONDITION")
         if not self.enabled:
             return pb.ShmOpenReply(reason="this pserver runs with FLAGS_rpc_data_plane=off")
-        if not self._host or req.host != self._host:
+        if not self.segments or not self._host or req.host != self._host:
             port = self.tcp.port if self.tcp is not None else 0
-            return pb.ShmOpenReply(reason="the trainer runs on another host" + ("" if port else
-                                   " and this pserver has no TCP data plane (no job token, or TLS)"), tcp_port=port)
+            why = ("this pserver runs with FLAGS_rpc_data_plane=tcp" if not self.segments else
+                   "the trainer runs with FLAGS_rpc_data_plane=tcp" if not req.host else
+                   "the trainer runs on another host")
+            return pb.ShmOpenReply(reason=why + ("" if port else " and this pserver has no TCP data plane (no job "
+                                                                 "token, or TLS)"), tcp_port=port)
         size = round_size(int(req.min_bytes))
         with self._lock:
             if self._closed:

@@ -643,9 +643,10 @@ def test_off_on_the_pserver_leaves_the_trainer_on_grpc(tracker: Tracker) -> None
         c.close()
 
 
-def test_the_flag_reads_off_and_auto_only() -> None:
+def test_the_flag_reads_off_auto_and_tcp_only() -> None:
     assert data_plane_mode({}) == "auto"
     assert data_plane_mode({"FLAGS_rpc_data_plane": "OFF"}) == "off"
+    assert data_plane_mode({"FLAGS_rpc_data_plane": " tcp"}) == "tcp"
     with pytest.raises(FlagError, match="FLAGS_rpc_data_plane='shm' is not one of"):
         data_plane_mode({"FLAGS_rpc_data_plane": "shm"})
 

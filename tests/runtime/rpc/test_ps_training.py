@@ -28,14 +28,17 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 WAIT = 90.0
 AUTHENTICATED = {"FLOTILLA_JOB_TOKEN": secrets.token_hex(16)}
 # The jobs of the trust and fault tests run with the data plane off (pure gRPC) and forced on for every
-# tensor (shared memory from 1 byte; runtime/rpc/shm.py): what holds on gRPC must hold on the data plane.
+# tensor, through shared memory (from 1 byte; runtime/rpc/shm.py) or on the TCP plane on this one host
+# (FLAGS_rpc_data_plane=tcp, which needs the job token; runtime/rpc/tcp_plane.py): what holds on gRPC
+# must hold on either data plane.
 DATA_PLANE = {"grpc": {"FLAGS_rpc_data_plane": "off"},
-              "shm": {"FLAGS_rpc_data_plane": "auto", "FLAGS_rpc_data_plane_min_bytes": "1"}}
+              "shm": {"FLAGS_rpc_data_plane": "auto", "FLAGS_rpc_data_plane_min_bytes": "1"},
+              "tcp": {"FLAGS_rpc_data_plane": "tcp", "FLAGS_rpc_data_plane_min_bytes": "1", **AUTHENTICATED}}
 
 
 @pytest.fixture(params=list(DATA_PLANE))
 def plane(request: pytest.FixtureRequest) -> str:
-    """``grpc`` or ``shm``: the data plane of the test's job (``DATA_PLANE``)."""
+    """``grpc``, ``shm`` or ``tcp``: the data plane of the test's job (``DATA_PLANE``)."""
     return request.param
 
 
@@ -44,8 +47,8 @@ def check_plane(c: "Cluster", plane: str, trainers: list[str]) -> None:
     for tag in trainers:
         line = [ln for ln in c.log(tag).splitlines() if ln.startswith("data plane: ")]
         assert line, c.log(tag)
-        if plane == "shm":
-            assert line[0].count(" shm") == len(c.endpoints), line[0]
+        if plane != "grpc":
+            assert line[0].count(" shm" if plane == "shm" else " tcp (") == len(c.endpoints), line[0]
         else:
             assert line[0] == "data plane: unused", line[0]
 

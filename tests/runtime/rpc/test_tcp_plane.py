@@ -615,6 +615,43 @@ def test_off_on_the_trainer_is_pure_grpc(tracker: Tracker) -> None:
         c.close()
 
 
+def _same_host_job(tracker: Tracker, pserver_mode: str) -> tuple[PSHandle, str]:
+    """A sync pserver with the job token serving on a free port, its data plane ``pserver_mode``."""
+    from runtime.kernels.rpc import max_message_bytes
+    from runtime.rpc.server import start_server
+    from tests.runtime.rpc.conftest import free_port
+
+    h = build_pserver(True, serve=False, tracker=tracker)
+    endpoint = f"127.0.0.1:{free_port()}"
+    h.server = start_server(h.pserver, endpoint, max_message_bytes(h.program), SECURITY, data_plane=pserver_mode)
+    return h, endpoint
+
+
+@pytest.mark.parametrize("side", ["trainer", "pserver"])
+def test_tcp_mode_puts_a_trainer_of_this_host_on_the_tcp_plane(side: str, tracker: Tracker) -> None:
+    """``FLAGS_rpc_data_plane=tcp`` on either side: a trainer on the pserver's own host gets no segment (nothing
+    in /dev/shm) and moves its batches on the TCP plane, bit-exactly; the reason names the flag."""
+    h, endpoint = _same_host_job(tracker, "tcp" if side == "pserver" else "auto")
+    assert (h.pserver.data_plane.control is None) == (side == "pserver")
+    c = RPCClient(0, incarnation=inc(0), deadline=TIMEOUT_S, security=SECURITY,
+                  data_plane="tcp" if side == "trainer" else "auto")
+    c.shm_threshold = 1
+    try:
+        for _ in range(2):
+            np.testing.assert_array_equal(c.get([(endpoint, "fc_w.block1")])[0],
+                                          np.asarray(h.scope.find_var("fc_w.block1")))
+        grad = np.full((30,), 0.5, np.float32)
+        c.send(endpoint, h.grad_name("fc_b", 0), grad)
+        c.wait_sends()
+        np.testing.assert_array_equal(np.asarray(h.scope.find_var(h.grad_name("fc_b", 0))), grad)
+        assert c.data_plane_state() == {endpoint: "tcp (2 transfers)"}
+        assert f"{'this pserver' if side == 'pserver' else 'the trainer'} runs with FLAGS_rpc_data_plane=tcp" in \
+            c._planes[endpoint].reason
+        assert h.pserver.data_plane.segment_paths() == [] and h.pserver.data_plane.tcp.calls == 2
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("why", ["off-on-the-pserver", "no-token", "tls"])
 def test_without_a_tcp_plane_on_the_pserver_the_trainer_stays_on_grpc(why: str, tracker: Tracker,
                                                                       tmp_path: pathlib.Path) -> None:
