@@ -7,7 +7,11 @@ import subprocess
 import sys
 from typing import Callable
 
+import pytest
+
 from tests.netns import Hosts
+
+pytestmark = pytest.mark.serial(waits=True)  # processes on namespaced hosts
 
 SERVE = ("import socket; s = socket.create_server(({addr!r}, 7000)); print('listening', flush=True); "
          "c, _ = s.accept(); c.sendall(socket.gethostbyname(socket.gethostname()).encode())")

@@ -167,6 +167,7 @@ def test_torch_twins_have_the_examples_parameters(name: str) -> None:
     assert torch_models.parameter_shapes(model) == fluid
 
 
+@pytest.mark.serial  # jobs of two torch processes
 def test_torch_workers_over_loopback() -> None:
     """The bench's torch workers, as ``--vs-torch`` runs them: a gloo allreduce over 2 processes (each
     worker checks one sum, and fails otherwise) and 2 DDP steps of the Transformer twin."""

@@ -10,6 +10,8 @@ import pytest
 
 from tests import launching
 
+pytestmark = pytest.mark.serial  # launched collective jobs
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 240
 

@@ -37,6 +37,8 @@ from ir.roles import OpRole
 from runtime.role import Role
 from tests import launching
 
+pytestmark = pytest.mark.serial  # launched parameter-server jobs
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LAUNCH_TIMEOUT_S = 120
 CTR_ARGS = ("--hash-dim", "10007", "--batch-size", "512", "--hidden", "32", "32", "--epochs", "2",

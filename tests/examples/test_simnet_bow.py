@@ -36,6 +36,7 @@ def test_simnet_bow_trains(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["test_accuracy"] > 0.8
 
 
+@pytest.mark.serial  # a launched job
 def test_simnet_bow_distributed(tmp_path: pathlib.Path) -> None:
     out = launch(tmp_path / "logs", "examples/simnet_bow/train.py", *ARGS)
     losses = trainer_values(out, r"loss (\d+\.\d+) -> (\d+\.\d+)")

@@ -27,6 +27,8 @@ from flotilla import fluid
 from runtime.role import ROLE_ENV_VARS
 from tests import launching
 
+pytestmark = pytest.mark.serial  # launched jobs
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LAUNCH_TIMEOUT_S = 180
 

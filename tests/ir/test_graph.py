@@ -121,6 +121,7 @@ def test_cache_does_not_keep_the_program_alive() -> None:
     assert ref() is None
 
 
+@pytest.mark.serial  # timed (< 2 s)
 def test_graph_of_a_long_chain_is_linear() -> None:
     p = Program()
     b = p.global_block()

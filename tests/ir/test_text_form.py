@@ -252,6 +252,7 @@ def test_parse_program_file_names_the_file(tmp_path: pathlib.Path) -> None:
         parse_program_file(tmp_path / "missing.txt")
 
 
+@pytest.mark.serial  # timed (< 3 s)
 def test_large_program_parses_in_linear_time() -> None:
     """20k ops (about 2 MB) must parse well within a second or two on a slow machine."""
     import time

@@ -346,6 +346,7 @@ def test_verify_program_set_prefixes_roles() -> None:
     assert verify_program_set(clean) is None
 
 
+@pytest.mark.serial  # timed (< 2 s)
 def test_verify_is_linear_time() -> None:
     p = Program()
     b = p.global_block()

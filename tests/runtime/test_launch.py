@@ -21,6 +21,8 @@ from ir.errors import FlotillaError
 from runtime.launch import JobPlan, build_parser, child_environ, free_ports, launch, plan_job
 from runtime.role import ROLE_ENV_VARS, LaunchError, Role, role_from_env
 
+pytestmark = pytest.mark.serial(waits=True)  # launched jobs, timed against their stop timeouts
+
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 JOB = str(pathlib.Path(__file__).resolve().parent / "launch_scripts" / "job.py")
 LAUNCHER = [sys.executable, "-m", "runtime.launch"]

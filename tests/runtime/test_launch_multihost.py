@@ -35,6 +35,8 @@ from tests.netns import Hosts
 from tests.runtime.collective import worker as collective_worker
 from tests.runtime.test_multihost_netns import COLLECTIVE_FLAGS, PS_FLAGS
 
+pytestmark = pytest.mark.serial(waits=True)  # launchers and their jobs on two hosts
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 JOB = str(REPO / "tests" / "runtime" / "launch_scripts" / "job.py")
 TOKEN_ENV = {"FLOTILLA_JOB_TOKEN": "t" * 64}

@@ -16,10 +16,13 @@ from __future__ import annotations
 import pathlib
 
 import numpy as np
+import pytest
 
 from tests.launching import launch
 from tests.runtime.collective import worker as collective_worker
 from tests.runtime.rpc.test_ps_training import local_reference, trained
+
+pytestmark = pytest.mark.serial  # launched jobs whose processes are killed and restarted
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PS_WORKER = str(REPO / "tests" / "runtime" / "rpc" / "ps_worker.py")

@@ -50,6 +50,8 @@ from tests.netns import Hosts
 from tests.runtime.collective import worker as collective_worker
 from tests.runtime.rpc.test_ps_training import local_reference, trained
 
+pytestmark = pytest.mark.serial(waits=True)  # jobs across namespaced hosts, timed against their deadlines
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PORT_PS, PORT_TRAINER = 6170, 6171  # each host has its own port space: fixed ports cannot collide
 JOB_WAIT_S = 120.0

@@ -31,6 +31,8 @@ from runtime.role import ROLE_ENV_VARS
 from tests.netns import Hosts, NetnsUnavailable
 from tests.runtime.collective import worker as collective_worker
 
+pytestmark = pytest.mark.serial  # a Ray cluster and the jobs it runs
+
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'flotilla[ray]')")
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

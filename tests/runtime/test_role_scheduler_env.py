@@ -84,6 +84,7 @@ def test_paddle_variables_win_and_garbage_is_named() -> None:
         role_from_env({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"})
 
 
+@pytest.mark.serial  # a collective job under mpiexec
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="no mpiexec installed (pip install 'flotilla[mpi]')")
 def test_mpiexec_starts_a_collective_job_equal_to_one_process(tmp_path: pathlib.Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ROLE_ENV_VARS and not k.startswith(("OMPI_", "PMI_"))}

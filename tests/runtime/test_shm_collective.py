@@ -15,8 +15,9 @@ import pytest
 
 from runtime import shm_collective as shm
 
-pytestmark = pytest.mark.skipif(shm.unusable_reason([shm.host_identity()]) is not None,
-                                reason="no shared-memory arena on this machine")
+pytestmark = [pytest.mark.skipif(shm.unusable_reason([shm.host_identity()]) is not None,
+                                 reason="no shared-memory arena on this machine"),
+              pytest.mark.serial]  # ranks as processes, timed against each other
 
 CTX = mp.get_context("spawn")  # a fresh interpreter a rank, as trainers are
 

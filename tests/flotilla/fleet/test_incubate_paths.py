@@ -9,8 +9,12 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from runtime.role import ROLE_ENV_VARS
 from tests import launching
+
+pytestmark = pytest.mark.serial  # the ported Fleet script run as a job
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 

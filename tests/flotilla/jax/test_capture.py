@@ -243,6 +243,7 @@ def _reference(model: str) -> dict[str, np.ndarray]:
     return {n: np.asarray(scope.find_var(n)) for n in capture_worker.param_names(main)}
 
 
+@pytest.mark.serial  # pservers and trainers as processes
 def test_captured_ctr_on_two_pservers_two_trainers_equals_one_process(procs: _Procs, tmp_path: pathlib.Path) -> None:
     from transpiler import DistributeTranspiler
 
@@ -278,6 +279,7 @@ def test_captured_ctr_on_two_pservers_two_trainers_equals_one_process(procs: _Pr
     assert not np.allclose(table, M.ctr_init(0)["emb"])
 
 
+@pytest.mark.serial  # a collective job of two processes
 def test_captured_transformer_nccl2_two_processes_equals_one_process(procs: _Procs, tmp_path: pathlib.Path) -> None:
     endpoints = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
     for r in range(2):
@@ -291,6 +293,7 @@ def test_captured_transformer_nccl2_two_processes_equals_one_process(procs: _Pro
             np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=f"rank {r}: {name}")
 
 
+@pytest.mark.serial  # a launched job
 def test_example_trains_under_flotilla_launch_with_two_processes(tmp_path: pathlib.Path) -> None:
     from runtime.role import ROLE_ENV_VARS
 

@@ -18,6 +18,8 @@ from runtime.launch import free_ports
 from runtime.role import ROLE_ENV_VARS
 from tests import launching
 
+pytestmark = pytest.mark.serial  # the ported scripts run as jobs, launched and by hand
+
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = launching.REPO
 TIMEOUT_S = 180

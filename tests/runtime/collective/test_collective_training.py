@@ -16,6 +16,8 @@ import pytest
 from runtime.launch import free_ports
 from tests.runtime.collective import worker
 
+pytestmark = pytest.mark.serial  # collective jobs of two processes
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 RTOL, ATOL = 1e-5, 1e-6
 WAIT_S = 120

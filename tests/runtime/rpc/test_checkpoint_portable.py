@@ -21,6 +21,8 @@ from tests.runtime.rpc import ps_worker
 from tests.runtime.rpc.test_ps_training import clusters  # noqa: F401 (fixture)
 from tests.runtime.rpc.test_ps_training import Cluster, gather_table, local_reference, run_ok, trained
 
+pytestmark = pytest.mark.serial  # parameter-server jobs
+
 TRAINERS = 2
 
 

@@ -545,6 +545,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.serial  # trainer processes, one killed
 def test_a_killed_trainer_leaves_nothing_and_the_pserver_serves_the_others(tracker: Tracker) -> None:
     h = build_pserver(False, serve=True, tracker=tracker, authenticated=True)
     plane = h.pserver.data_plane

@@ -14,7 +14,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from runtime.launch import free_ports
+
+pytestmark = pytest.mark.serial(waits=True)  # a trainer process timed against its 3.5 s deadline
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[3]
 SCRIPT = str(pathlib.Path(__file__).resolve().parent / "fluid_no_close.py")

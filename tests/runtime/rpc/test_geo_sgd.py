@@ -38,6 +38,7 @@ def pserver_params(out: pathlib.Path, endpoints: list[str], trainers: int, when:
     return params
 
 
+@pytest.mark.serial  # a pserver and trainer processes
 @pytest.mark.parametrize("model", ["fc", "table"])
 def test_one_trainer_k1_matches_local(tmp_path: pathlib.Path, clusters: Any, model: str) -> None:
     steps = 6
@@ -53,6 +54,7 @@ def test_one_trainer_k1_matches_local(tmp_path: pathlib.Path, clusters: Any, mod
         np.testing.assert_array_equal(mine[name], value, err_msg=f"trainer and pserver disagree on {name}")
 
 
+@pytest.mark.serial  # pservers and trainers as processes
 def test_two_trainers_k2_train_and_end_synced(tmp_path: pathlib.Path, clusters: Any) -> None:
     steps = 20
     c = run_ok(clusters, tmp_path, 2, 2, ["--async", "--geo", "2", "--steps", str(steps)])
@@ -74,6 +76,7 @@ def test_two_trainers_k2_train_and_end_synced(tmp_path: pathlib.Path, clusters: 
     assert fc_loss(held, feeds) < 0.9 * fc_loss(init, feeds), (fc_loss(held, feeds), fc_loss(init, feeds))
 
 
+@pytest.mark.serial  # pservers and trainers as processes
 def test_two_trainers_share_the_table_through_its_touched_rows(tmp_path: pathlib.Path, clusters: Any) -> None:
     """Each trainer trains its own copy of the distributed table and every 2nd step pushes its touched rows'
     change and takes every row either trainer changed: the trainer whose sync came last holds exactly the
@@ -89,6 +92,7 @@ def test_two_trainers_share_the_table_through_its_touched_rows(tmp_path: pathlib
     assert len(c.endpoints) == 2
 
 
+@pytest.mark.serial  # pservers and trainers as processes
 def test_a_restarted_geo_trainer_takes_the_table_anew(tmp_path: pathlib.Path, clusters: Any) -> None:
     """Trainer 1 dies at step 3 and is restarted: its startup fetches the pservers' table (with what the
     others pushed meanwhile), its new incarnation's deltas are accepted, and the job ends synced."""

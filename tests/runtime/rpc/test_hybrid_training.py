@@ -18,6 +18,8 @@ import pytest
 from runtime.launch import free_ports
 from tests.runtime.rpc.test_ps_training import Cluster, clusters, local_reference, run_ok, trained  # noqa: F401
 
+pytestmark = pytest.mark.serial  # pservers and a collective group of trainers as processes
+
 TRAINERS = 2
 
 

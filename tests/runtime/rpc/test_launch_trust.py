@@ -19,6 +19,8 @@ import pytest
 
 from runtime.launch import child_environ
 
+pytestmark = pytest.mark.serial(waits=True)  # launched jobs, one stopped against a 3 s pserver timeout
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 WORKER = REPO / "tests" / "runtime" / "rpc" / "ps_worker.py"
 WAIT_S = 120.0

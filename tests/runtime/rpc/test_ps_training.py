@@ -24,6 +24,8 @@ import pytest
 from runtime.launch import free_ports
 from tests.runtime.rpc import ps_worker
 
+pytestmark = pytest.mark.serial  # pservers and trainers as processes, some with seconds-long timeouts
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 WAIT = 90.0
 AUTHENTICATED = {"FLOTILLA_JOB_TOKEN": secrets.token_hex(16)}

@@ -272,6 +272,7 @@ def test_wait_returns_once_every_trainer_completed(make_pserver: Callable[..., A
     assert ps.health()["live_trainers"] == [] and not ps.health()["serving"]
 
 
+@pytest.mark.serial  # timed: < 4 s for a 0.5 s barrier timeout
 def test_a_barrier_timeout_fails_naming_the_missing_trainer_and_the_step(make_pserver: Callable[..., Any],
                                                                          spawn: Callable[..., Any]) -> None:
     h = make_pserver(True, barrier_timeout=0.5)

@@ -320,6 +320,7 @@ def test_many_concurrent_garbage_requests_leave_the_server_serving(served: dict[
 
 
 # --- the client ---------------------------------------------------------------------------------------------------
+@pytest.mark.serial  # timed: < 3 s for a 1 s deadline
 def test_client_against_a_dead_port_fails_within_its_deadline_naming_the_endpoint() -> None:
     endpoint = f"127.0.0.1:{free_port()}"
     client = RPCClient(0, deadline=1.0)

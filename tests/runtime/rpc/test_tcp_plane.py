@@ -386,6 +386,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.serial  # a trainer process, killed
 def test_a_trainer_killed_mid_frame_leaves_the_parameters_untouched(planes: dict[str, TcpServed]) -> None:
     s = planes["async"]
     before = _state(s)
@@ -479,6 +480,7 @@ def test_the_trainer_refuses_a_pserver_that_cannot_prove_the_token() -> None:
     assert not thread.is_alive()
 
 
+@pytest.mark.serial  # timed: the call ends 0.4-3 s after a 0.5 s deadline
 def test_a_pserver_that_does_not_answer_fails_the_call_at_the_deadline() -> None:
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]

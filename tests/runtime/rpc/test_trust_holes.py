@@ -110,6 +110,7 @@ def _serving(channel: grpc.Channel, proc: Process) -> None:
 
 
 # --- amplification ----------------------------------------------------------------------------------------------
+@pytest.mark.serial  # a pserver process; the refusal timed (< 2 s)
 def test_a_get_naming_a_block_many_times_is_refused_before_the_reply_is_built(
         processes: Callable[..., Process]) -> None:
     endpoint = f"127.0.0.1:{free_port()}"
@@ -214,6 +215,7 @@ def test_a_pserver_beyond_loopback_needs_a_token_or_the_opt_out(host: str) -> No
     assert rpc_security({"FLOTILLA_INSECURE_PSERVER": "1"}).insecure
 
 
+@pytest.mark.serial  # pserver processes
 def test_a_pserver_started_on_every_interface_without_a_token_is_refused(processes: Callable[..., Process]) -> None:
     port = free_port()
     refused = processes(["-m", "tests.runtime.rpc.lone_pserver", f"0.0.0.0:{port}"])
