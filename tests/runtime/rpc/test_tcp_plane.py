@@ -14,6 +14,7 @@ gRPC; ``FLAGS_rpc_data_plane=off`` (either side), a job without a token and a TL
 """
 from __future__ import annotations
 
+import os
 import pathlib
 import signal
 import socket
@@ -45,6 +46,7 @@ TOKEN = "tcp-plane-job-token"
 SECURITY = RPCSecurity(token=TOKEN)
 ELSEWHERE = "another-host"  # the host identity the test trainers report: not this machine's
 TIMEOUT_S = 10.0
+BYTECODE_ENV = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")  # where a child writes its bytecode, if at all
 
 
 def tcp_client(trainer_id: int = 0, incarnation: int | None = None, **kw: Any) -> RPCClient:
@@ -393,7 +395,8 @@ def test_a_trainer_killed_mid_frame_leaves_the_parameters_untouched(planes: dict
     connections = s.tcp.connections()
     proc = subprocess.Popen([sys.executable, "-c", KILLED_TRAINER, str(s.tcp.port), TOKEN, str(inc(1)), str(4 << 20)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", **{  # no __pycache__ in the tree
+                                k: v for k, v in os.environ.items() if k in BYTECODE_ENV}})
     try:
         line = proc.stdout.readline()  # bounded: the child's socket timeout is 10 s
         assert line.startswith("half sent"), line + (proc.stdout.read() if proc.poll() is not None else "")
