@@ -539,12 +539,12 @@ def print_summary(tcp: dict[int, dict[str, float]], by_mode: dict[str, dict[int,
             ratio = r["cpu_ms_per_kex"] / local_cpu
             print(f"  {r['job'] + ' job CPU / single-process':<44} {r['cpu_ms_per_kex']:.1f} / {local_cpu:.1f} ms per "
                   f"1k ex = {ratio:5.2f}  target <= {CPU_TARGET:g}  {'met' if ratio <= CPU_TARGET else 'MISSED'}")
-    for r in rows:
-        if not r["pservers"] or r.get("paddle") or "+" in r["job"] or r.get("placement"):
+    for r in rows:  # the plain job and its data-plane variant (--data-plane both), not the trust ones
+        if not r["pservers"] or r.get("paddle") or "+" in r["job"].replace(DP_SUFFIX, "") or r.get("placement"):
             continue
         ref, source = reference(rows, r["job"])
-        if r["job"] == "1x2 async":
-            goal("1x2 async per trainer / Paddle's PS", r["per_trainer"] / ref, PADDLE_TARGET,
+        if r["job"] in ("1x2 async", "1x2 async" + DP_SUFFIX):
+            goal(f"{r['job']} per trainer / Paddle's PS", r["per_trainer"] / ref, PADDLE_TARGET,
                  f"{r['per_trainer']:,.0f} / {ref:,.0f} ({source})")
         if r["pservers"] == 1 and r["trainers"] == 2:
             goal(f"{r['job']} whole job / single-process", r["total"] / local, JOB_TARGET,
@@ -728,10 +728,12 @@ def paddle_version(python: str) -> str | None:
 
 
 def reference(rows: list[dict[str, Any]], job: str) -> tuple[float, str]:
-    """Paddle's per-trainer examples/s on ``job`` (a Geo-SGD job: on its async form) measured in this run,
-    else the last figure measured on this machine (async 1x2), and where it comes from."""
+    """Paddle's per-trainer examples/s on ``job`` (a Geo-SGD job: on its async form; any variant, such as
+    `` +shm``: on the plain job) measured in this run, else the last figure measured on this machine (async
+    1x2), and where it comes from."""
     shape, _, mode = job.partition(" ")
-    job = f"{shape} async" if mode.startswith("geo") else job
+    mode = mode.split(" +")[0]
+    job = f"{shape} {'async' if mode.startswith('geo') else mode}"
     for r in rows:
         if r["job"] == f"paddle {job}":
             return r["per_trainer"], "this run"

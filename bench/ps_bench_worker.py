@@ -357,22 +357,23 @@ class WireCounter:
                 return values
             return counted
 
-        prefetch_tcp: Callable[..., Any] = client_mod.RPCClient._prefetch_tcp
-
-        def counted_prefetch_tcp(self: Any, endpoint: str, name: str, ids: Any, table: str) -> Any:
-            rows = prefetch_tcp(self, endpoint, name, ids, table)
-            if rows is not None:
-                with counter.lock:
-                    counter.bytes["prefetch"] = counter.bytes.get("prefetch", 0) + getattr(ids, "nbytes", 0) + \
-                        getattr(rows, "nbytes", 0)
-                    counter.calls["prefetch"] = counter.calls.get("prefetch", 0) + 1
-            return rows
+        def counted_prefetch(prefetch: Callable[..., Any]) -> Callable[..., Any]:
+            def counted(self: Any, endpoint: str, name: str, ids: Any, *rest: Any) -> Any:
+                rows = prefetch(self, endpoint, name, ids, *rest)
+                if rows is not None:
+                    with counter.lock:
+                        counter.bytes["prefetch"] = counter.bytes.get("prefetch", 0) + getattr(ids, "nbytes", 0) + \
+                            getattr(rows, "nbytes", 0)
+                        counter.calls["prefetch"] = counter.calls.get("prefetch", 0) + 1
+                return rows
+            return counted
 
         client_mod.RPCClient._send_shm = counted_send(client_mod.RPCClient._send_shm)  # type: ignore[method-assign]
         client_mod.RPCClient._get_shm = counted_get(client_mod.RPCClient._get_shm)  # type: ignore[method-assign]
         client_mod.RPCClient._send_tcp = counted_send(client_mod.RPCClient._send_tcp)  # type: ignore[method-assign]
         client_mod.RPCClient._get_tcp = counted_get(client_mod.RPCClient._get_tcp)  # type: ignore[method-assign]
-        client_mod.RPCClient._prefetch_tcp = counted_prefetch_tcp  # type: ignore[method-assign]
+        for method in ("_prefetch_tcp", "_prefetch_shm"):
+            setattr(client_mod.RPCClient, method, counted_prefetch(getattr(client_mod.RPCClient, method)))
 
 
 def _train(args: argparse.Namespace, distributed: bool) -> dict[str, Any]:

@@ -131,3 +131,14 @@ def test_rounds_report_each_job_from_its_median_ratio_round() -> None:
     assert job["cpu_ratio_rounds"] == [1.4, 1.1, 1.5] and job["cpu_ratio"] == 1.4 and job["per_trainer"] == 14.0
     assert paddle["cpu_ratio_rounds"] == [9.0, 80.0 / 12.0]  # it ran in two rounds only
     assert pb.median_rounds(rounds[:1]) == rounds[0]
+
+
+def test_every_variant_of_a_job_is_compared_with_paddle_on_that_job() -> None:
+    """The Paddle figure of a job's data-plane (or trust) variant is Paddle's run of the plain job in this
+    run, not the recorded figure; a Geo-SGD job compares with Paddle's async job."""
+    rows = [_row("1x2 async", 14_000.0), _row("paddle 1x2 async", 8_000.0, paddle=True),
+            _row("1x2 async +shm", 20_000.0), _row("paddle 1x2 sync", 6_000.0, paddle=True)]
+    for job, expected in [("1x2 async", 8_000.0), ("1x2 async +shm", 8_000.0), ("1x2 async +token +shm", 8_000.0),
+                          ("1x2 geo16 +shm", 8_000.0), ("1x2 sync +shm", 6_000.0)]:
+        assert pb.reference(rows, job) == (expected, "this run"), job
+    assert pb.reference(rows, "2x2 async +shm") == (pb.REFERENCE_PER_TRAINER, "last measured, not this run")
