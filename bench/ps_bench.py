@@ -43,9 +43,12 @@ measured in one run on 127.0.0.1 against baselines measured in the same run.
     ``FLAGS_rpc_data_plane=auto`` (the cross-host TCP plane, ``runtime.rpc.tcp_plane``) and ``off`` (gRPC),
     and raw TCP to a sink on host 0, in turn in every repetition; printed as GB/s and the ratios of the TCP
     plane to gRPC and to raw TCP.
-(f) Data plane: ``--data-plane off|auto|both`` sets ``FLAGS_rpc_data_plane`` of every process (default auto).
-    With ``both`` the transport runs against one pserver per mode (gRPC, and shared memory: this process
-    is on the pserver's host) and every PS job runs both ways (the auto run marked ``+shm``); a table puts
+(f) Data plane: ``--data-plane off|auto|tcp|both|all`` (or a comma list of modes) sets ``FLAGS_rpc_data_plane``
+    of every process (default auto; ``both`` is off,auto, ``all`` off,auto,tcp; ``tcp``, the TCP plane on this
+    one host as a container with a small /dev/shm would run, with a job token, which that plane needs).
+    With several modes the transport runs against one pserver per mode (gRPC, shared memory: this process
+    is on the pserver's host, the TCP plane) and every PS job runs each way (the auto run marked ``+shm``,
+    the tcp one ``+tcp-plane``); a table puts
     each job's examples/s per trainer and job CPU per 1,000 examples off against auto. Goals: 64 MiB
     send/fetch through shared memory >= 2x raw loopback TCP, 4 MiB >= 1x; a 1x2 job's CPU per 1,000
     examples <= 1.3x the single-process job's.
@@ -96,8 +99,10 @@ PADDLE_LAST_MEASURED = "Paddle 2.6.2, 2026-11-24, this 2-core machine, bench/pad
 TRANSPORT_TARGET = 0.6
 SHM_TARGET = {64: 2.0, 4: 1.0}  # same-host data plane against raw loopback TCP, by MiB (others: 1.0)
 CPU_TARGET = 1.3  # a PS job's CPU per 1,000 examples against the single-process job's
-DP_LABEL = {"off": "gRPC", "auto": "shm"}
+DP_LABEL = {"off": "gRPC", "auto": "shm", "tcp": "TCP plane"}
+DATA_PLANE_SETS = {"both": ["off", "auto"], "all": ["off", "auto", "tcp"]}
 DP_SUFFIX = " +shm"
+LOCAL_TCP_SUFFIX = " +tcp-plane"  # FLAGS_rpc_data_plane=tcp on one host (no shared memory)
 CROSS_DP_SUFFIX = " +tcp"  # a job across hosts with the data plane on: TCP to the other host's pserver
 JOB_TARGET = 0.6  # the whole 1x2 job against single-process training, examples/s
 PADDLE_TARGET = 2.5  # issue 24; 1x2 async examples/s per trainer against Paddle's PS on the same job
@@ -193,6 +198,7 @@ def bench_transport(procs: Procs, sizes_mib: list[int], reps: int, modes: list[s
     being on the pserver's host) run at once, and every transfer of a size takes its turn within every
     repetition, so load from other processes falls on them alike."""
     from bench.ps_bench_worker import TcpClient, time_transfers, transport_names
+    from runtime.flags import RPCSecurity
     from runtime.rpc.client import RPCClient
 
     port_file = procs.tmp / "tcp_port.json"
@@ -200,12 +206,14 @@ def bench_transport(procs: Procs, sizes_mib: list[int], reps: int, modes: list[s
                        "--timeout", "120")
     names = transport_names(sizes_mib)
     endpoints = {}
+    token = os.urandom(32).hex()  # the TCP plane's (mode tcp) handshake needs one, as a real job's does
     for mode in modes:
         endpoints[mode] = f"127.0.0.1:{free_ports(1)[0]}"
         procs.start(f"transport-pserver-{mode}", "transport-pserver", "--endpoint", endpoints[mode],
-                    "--sizes-mib", ",".join(map(str, sizes_mib)), env={**procs.env, "FLAGS_rpc_data_plane": mode})
+                    "--sizes-mib", ",".join(map(str, sizes_mib)), env=mode_env(procs.env, mode, token))
     tcp_client = TcpClient(_wait_file(port_file, sink, 60.0)["port"], max(sizes_mib) << 20)
-    clients = {mode: RPCClient(0, deadline=120.0, data_plane=mode) for mode in modes}
+    clients = {mode: RPCClient(0, deadline=120.0, data_plane=mode,
+                               security=RPCSecurity(token=token) if mode == "tcp" else None) for mode in modes}
     tcp: dict[int, dict[str, float]] = {}
     by_mode: dict[str, dict[int, dict[str, float]]] = {mode: {} for mode in modes}
     try:
@@ -217,10 +225,10 @@ def bench_transport(procs: Procs, sizes_mib: list[int], reps: int, modes: list[s
             value = rng.random(shape, dtype=np.float32)
             n = value.nbytes
             got: dict[str, list[Any]] = {mode: [] for mode in modes}
-            ways: dict[str, Callable[[], None]] = {"tcp send": lambda: tcp_client.send(n)}
+            ways: dict[str, Callable[[], None]] = {"raw send": lambda: tcp_client.send(n)}
             for mode, client in clients.items():
                 ways[f"{mode} send"] = lambda c=client, ep=endpoints[mode]: (c.send(ep, grad, value), c.wait_sends())
-            ways["tcp get"] = lambda: tcp_client.get(n)
+            ways["raw get"] = lambda: tcp_client.get(n)
             for mode, client in clients.items():
                 def get(c: Any = client, ep: str = endpoints[mode], out: list[Any] = got[mode]) -> None:
                     out[:] = []  # the previous value goes first: its segment is free for this fetch
@@ -232,12 +240,14 @@ def bench_transport(procs: Procs, sizes_mib: list[int], reps: int, modes: list[s
                     raise BenchError(f"GetVariable of {param!r} returned {np.asarray(got[mode][0]).nbytes} bytes, "
                                      f"expected {n}")
             rate = {k: n / statistics.median(v) / GB for k, v in samples.items()}
-            tcp[mib] = {"send": rate["tcp send"], "get": rate["tcp get"]}
+            tcp[mib] = {"send": rate["raw send"], "get": rate["raw get"]}
             for mode in modes:
                 by_mode[mode][mib] = {"send": rate[f"{mode} send"], "get": rate[f"{mode} get"]}
         planes = {mode: {ep: (p.state, p.reason) for ep, p in c._planes.items()} for mode, c in clients.items()}
         if "auto" in clients and not all(state for state, _ in planes["auto"].values()):
             raise BenchError(f"the data plane did not come up on this host: {planes['auto']}")
+        if "tcp" in clients and not clients["tcp"].data_plane_state()[endpoints["tcp"]].startswith("tcp"):
+            raise BenchError(f"the TCP plane did not come up on this host: {clients['tcp'].data_plane_state()}")
     finally:
         tcp_client.close()
         for client in clients.values():
@@ -463,8 +473,9 @@ def summarise(job: Job, results: list[dict[str, Any]]) -> dict[str, Any]:
 # --- report -----------------------------------------------------------------------------------------------
 def print_transport(tcp: dict[int, dict[str, float]], by_mode: dict[str, dict[int, dict[str, float]]]) -> None:
     print()
-    print("(a) transport, GB/s (1e9 bytes/s), median; gRPC = FLAGS_rpc_data_plane=off, shm = auto (same host)")
-    modes = [m for m in ("off", "auto") if m in by_mode]
+    print("(a) transport, GB/s (1e9 bytes/s), median; gRPC = FLAGS_rpc_data_plane=off, shm = auto (same host), "
+          "TCP plane = tcp")
+    modes = [m for m in ("off", "auto", "tcp") if m in by_mode]
     head = "".join(f" {DP_LABEL[m]:>8} {DP_LABEL[m] + '/TCP':>9}" for m in modes)
     print(f"{'size':>7} {'dir':>5} {'raw TCP':>9}{head}")
     for mib in tcp:
@@ -589,9 +600,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--skip-transport", action="store_true")
     ap.add_argument("--skip-jobs", action="store_true",
                     help="transport only: no CTR job (not even the single-process one)")
-    ap.add_argument("--data-plane", choices=("off", "auto", "both"), default="auto",
+    ap.add_argument("--data-plane", default="auto",
                     help="FLAGS_rpc_data_plane of every figure: off (gRPC), auto (shared memory on one host; the "
-                         "default) or both (each transport figure and PS job both ways, in one run)")
+                         "default), tcp (the TCP plane, on one host too), a comma list of them, both (off,auto) or "
+                         "all (off,auto,tcp): each transport figure and PS job every way, in one run")
     ap.add_argument("--job-timeout", type=float, default=240.0, help="seconds a job's processes may take")
     ap.add_argument("--hugetlb", action="store_true", help="run the children with GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
     ap.add_argument("--json", default="", help="also write the figures as JSON to this path")
@@ -613,7 +625,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--delay", default="0.1ms", help="the emulated link's one-way delay for --netns (0.1ms; '' none)")
     args = ap.parse_args(argv)
     quick = args.quick
-    args.data_plane = ["off", "auto"] if args.data_plane == "both" else [args.data_plane]
+    args.data_plane = DATA_PLANE_SETS.get(args.data_plane) or [m.strip() for m in args.data_plane.split(",")]
+    if not args.data_plane or any(m not in DP_LABEL for m in args.data_plane) or \
+            len(set(args.data_plane)) != len(args.data_plane):
+        ap.error(f"--data-plane: a mode of {list(DP_LABEL)}, a comma list of them, or one of {list(DATA_PLANE_SETS)}")
     args.sizes_mib = args.sizes_mib or ([4] if quick else [4, 64])
     args.reps = args.reps or (3 if quick else 7)
     args.steps = args.steps or (10 if quick else 100)
@@ -639,7 +654,7 @@ def cross_host_jobs(jobs: list[Job], args: argparse.Namespace, env: dict[str, st
     pserver's host uses shared memory, the other one the TCP plane)."""
     env = {**env, "FLOTILLA_JOB_TOKEN": os.urandom(32).hex()}  # the TCP plane needs it, as a real job does
     rows: list[dict[str, Any]] = []
-    modes = args.data_plane
+    modes = [m for m in args.data_plane if m != "tcp"]  # across hosts auto is the TCP plane already
 
     def run_all(placement: Placement) -> None:
         for job, mode in ((job, mode) for job in jobs if job.pservers for mode in modes):
@@ -713,8 +728,18 @@ def trust_variants(args: argparse.Namespace, env: dict[str, str]) -> list[tuple[
     if args.trust:
         out.append((" +token", {**plain, "FLOTILLA_JOB_TOKEN": os.urandom(32).hex()}))
     modes = args.data_plane
-    return [(suffix + (DP_SUFFIX if mode == "auto" and len(modes) > 1 else ""), {**e, "FLAGS_rpc_data_plane": mode})
-            for suffix, e in out for mode in modes]
+    token = os.urandom(32).hex()
+    marks = {"auto": DP_SUFFIX if len(modes) > 1 else "", "tcp": LOCAL_TCP_SUFFIX, "off": ""}
+    return [(suffix + marks[mode], mode_env(e, mode, token)) for suffix, e in out for mode in modes]
+
+
+def mode_env(env: dict[str, str], mode: str, token: str) -> dict[str, str]:
+    """``env`` with ``FLAGS_rpc_data_plane=mode``; mode tcp also gets a job token unless it has one (the
+    TCP plane is only offered in jobs with a token)."""
+    out = {**env, "FLAGS_rpc_data_plane": mode}
+    if mode == "tcp":
+        out.setdefault("FLOTILLA_JOB_TOKEN", token)
+    return out
 
 
 def paddle_version(python: str) -> str | None:
@@ -759,7 +784,7 @@ def print_data_plane(rows: list[dict[str, Any]]) -> None:
 
 
 def print_trust(rows: list[dict[str, Any]]) -> None:
-    rows = [r for r in rows if DP_SUFFIX not in r["job"] and not r.get("placement")]
+    rows = [r for r in rows if DP_SUFFIX not in r["job"] and LOCAL_TCP_SUFFIX not in r["job"] and not r.get("placement")]
     plain = {r["job"]: r for r in rows if "+" not in r["job"]}
     lines = []
     for r in rows:
@@ -893,6 +918,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"load average (1/5/15 min): {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f} before, "
           f"{load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} after{note}")
     result = {"transport": {"tcp": tcp, "grpc": by_mode.get("off", {}), "shm": by_mode.get("auto", {}),
+                            "tcp_plane": by_mode.get("tcp", {}),
                             "netns": netns_transport},
               "jobs": rows, "local_examples_per_s": local,
               "reference_per_trainer": REFERENCE_PER_TRAINER, "paddle": paddle, "paddle_failures": paddle_failures,
@@ -923,12 +949,14 @@ def plot_bars(result: dict[str, Any]) -> list[plotting.Bar]:
             bars.append(plotting.Bar(r["job"], "Flotilla", r["per_trainer"]))
             continue
         job = r["job"][:-len(r["placement"]) - 1] if r.get("placement") else r["job"]
-        shm, tcp = DP_SUFFIX in job, CROSS_DP_SUFFIX in job
+        shm, local_tcp = DP_SUFFIX in job, LOCAL_TCP_SUFFIX in job
+        job = job.replace(LOCAL_TCP_SUFFIX, "")
+        tcp = CROSS_DP_SUFFIX in job
         base, _, variant = job.replace(DP_SUFFIX, "").replace(CROSS_DP_SUFFIX, "").partition(" +")
         extras = [f"+{variant}"] if variant else []
         if r.get("placement"):
             extras.append(r["placement"])
-        plane = "TCP plane" if tcp else DP_LABEL["auto" if shm else modes[0]]
+        plane = "TCP plane" if tcp or local_tcp else DP_LABEL["auto" if shm else modes[0]]
         series = ", ".join(["Flotilla", plane, *extras])
         bars.append(plotting.Bar(base, series, r["per_trainer"]))
     if "1x2 async" in {b.group for b in bars} and not any(b.group == "1x2 async" and "PS" in b.series for b in bars):

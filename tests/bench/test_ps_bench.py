@@ -142,3 +142,26 @@ def test_every_variant_of_a_job_is_compared_with_paddle_on_that_job() -> None:
                           ("1x2 geo16 +shm", 8_000.0), ("1x2 sync +shm", 6_000.0)]:
         assert pb.reference(rows, job) == (expected, "this run"), job
     assert pb.reference(rows, "2x2 async +shm") == (pb.REFERENCE_PER_TRAINER, "last measured, not this run")
+
+
+def test_data_plane_modes_parse_as_sets_or_lists() -> None:
+    assert pb.parse_args(["--data-plane", "both"]).data_plane == ["off", "auto"]
+    assert pb.parse_args(["--data-plane", "all"]).data_plane == ["off", "auto", "tcp"]
+    assert pb.parse_args(["--data-plane", "off,tcp"]).data_plane == ["off", "tcp"]
+    assert pb.parse_args([]).data_plane == ["auto"]
+    for bad in ("shm", "off,off", ""):
+        with pytest.raises(SystemExit):
+            pb.parse_args(["--data-plane", bad])
+
+
+def test_a_job_on_the_tcp_plane_of_one_host_is_its_own_bar_and_gets_a_token() -> None:
+    rows = [_row("single-process", 20_000.0, pservers=0), _row("1x2 sync", 9_000.0),
+            _row("1x2 sync +shm", 9_500.0), _row("1x2 sync +tcp-plane", 9_200.0)]
+    bars = pb.plot_bars(_result(rows, ["off", "auto", "tcp"]))
+    assert [(b.group, b.series) for b in bars if b.group == "1x2 sync"] == [
+        ("1x2 sync", "Flotilla, gRPC"), ("1x2 sync", "Flotilla, shm"), ("1x2 sync", "Flotilla, TCP plane")]
+    args = pb.parse_args(["--data-plane", "all", "--trust"])
+    variants = dict(pb.trust_variants(args, {"PATH": "/bin"}))
+    assert sorted(variants) == ["", " +shm", " +tcp-plane", " +token", " +token +shm", " +token +tcp-plane"]
+    assert variants[" +tcp-plane"]["FLAGS_rpc_data_plane"] == "tcp" and variants[" +tcp-plane"]["FLOTILLA_JOB_TOKEN"]
+    assert "FLOTILLA_JOB_TOKEN" not in variants[""] and "FLOTILLA_JOB_TOKEN" not in variants[" +shm"]
