@@ -194,17 +194,28 @@ class RPCClient:
 
     def wait_ready(self, endpoints: Iterable[str]) -> None:
         """Wait (at most the deadline) until every endpoint accepts connections, saying on stderr every
-        ``wait_report`` seconds which ones are still missing: a silent wait looks like a hang."""
+        ``wait_report`` seconds which ones are still missing: a silent wait looks like a hang. The probe is
+        a Health call that waits for the channel to connect (``wait_for_ready``): any answer, an error
+        status too, means the pserver is up. (``grpc.channel_ready_future`` would leave a thread polling
+        the channel, which dies with "Channel closed!" on stderr when the client closes soon after.)"""
         eps = [self._endpoint(e) for e in dict.fromkeys(endpoints)]
-        pending = {ep.endpoint: grpc.channel_ready_future(ep.channel) for ep in eps if not ep.ready}
         end = time.monotonic() + self.deadline
+        probe = pb.HealthRequest().SerializeToString()
+        pending = {ep.endpoint: ep.calls["Health"].future(probe, timeout=self.deadline, metadata=self._metadata,
+                                                          wait_for_ready=True) for ep in eps if not ep.ready}
         next_report = time.monotonic() + self.wait_report
+        missed: list[str] = []  # never connected within the deadline
         while pending:
             for name in list(pending):
                 try:
                     pending[name].result(timeout=max(0.0, min(end, next_report) - time.monotonic()))
                 except grpc.FutureTimeoutError:
                     continue
+                except grpc.RpcError as e:
+                    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        missed.append(name)
+                        del pending[name]
+                        continue
                 self._endpoints[name].ready = True
                 del pending[name]
             now = time.monotonic()
@@ -217,8 +228,9 @@ class RPCClient:
                 next_report = now + self.wait_report
         for fut in pending.values():
             fut.cancel()
-        if pending:
-            raise RPCError(f"trainer {self.trainer_id}: pserver(s) {list(pending)} did not come up within "
+        missed += pending
+        if missed:
+            raise RPCError(f"trainer {self.trainer_id}: pserver(s) {missed} did not come up within "
                            f"{self.deadline:g}s", hint="start the pservers first (flotilla launch does), check the "
                            "endpoints, or raise FLAGS_rpc_deadline")
 
