@@ -784,7 +784,8 @@ def print_data_plane(rows: list[dict[str, Any]]) -> None:
 
 
 def print_trust(rows: list[dict[str, Any]]) -> None:
-    rows = [r for r in rows if DP_SUFFIX not in r["job"] and LOCAL_TCP_SUFFIX not in r["job"] and not r.get("placement")]
+    rows = [r for r in rows
+            if DP_SUFFIX not in r["job"] and LOCAL_TCP_SUFFIX not in r["job"] and not r.get("placement")]
     plain = {r["job"]: r for r in rows if "+" not in r["job"]}
     lines = []
     for r in rows:
@@ -950,7 +951,7 @@ def plot_bars(result: dict[str, Any]) -> list[plotting.Bar]:
             continue
         job = r["job"][:-len(r["placement"]) - 1] if r.get("placement") else r["job"]
         shm, local_tcp = DP_SUFFIX in job, LOCAL_TCP_SUFFIX in job
-        job = job.replace(LOCAL_TCP_SUFFIX, "")
+        job = job.replace(LOCAL_TCP_SUFFIX, "")  # before looking for CROSS_DP_SUFFIX: " +tcp" begins it
         tcp = CROSS_DP_SUFFIX in job
         base, _, variant = job.replace(DP_SUFFIX, "").replace(CROSS_DP_SUFFIX, "").partition(" +")
         extras = [f"+{variant}"] if variant else []

@@ -368,12 +368,10 @@ class WireCounter:
                 return rows
             return counted
 
-        client_mod.RPCClient._send_shm = counted_send(client_mod.RPCClient._send_shm)  # type: ignore[method-assign]
-        client_mod.RPCClient._get_shm = counted_get(client_mod.RPCClient._get_shm)  # type: ignore[method-assign]
-        client_mod.RPCClient._send_tcp = counted_send(client_mod.RPCClient._send_tcp)  # type: ignore[method-assign]
-        client_mod.RPCClient._get_tcp = counted_get(client_mod.RPCClient._get_tcp)  # type: ignore[method-assign]
-        for method in ("_prefetch_tcp", "_prefetch_shm"):
-            setattr(client_mod.RPCClient, method, counted_prefetch(getattr(client_mod.RPCClient, method)))
+        for plane in ("shm", "tcp"):
+            for kind, counted in (("send", counted_send), ("get", counted_get), ("prefetch", counted_prefetch)):
+                method = f"_{kind}_{plane}"
+                setattr(client_mod.RPCClient, method, counted(getattr(client_mod.RPCClient, method)))
 
 
 def _train(args: argparse.Namespace, distributed: bool) -> dict[str, Any]:

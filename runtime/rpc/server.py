@@ -482,8 +482,8 @@ def start_server(pserver: PServer, endpoint: str, max_message: int,
             tcp = TcpPlaneServer(host, key=security.token.encode("utf-8"), trainers=pserver.config.trainers,
                                  live=pserver.live_incarnation, handle=service.tcp_call,
                                  max_message=service.max_message, buffers=service.buffers)
-        except OSError as e:  # the trainers on other hosts then stay on gRPC
-            print(f"pserver {endpoint}: no TCP data plane ({e}); trainers on other hosts use gRPC",
+        except OSError as e:  # the trainers it would have served then stay on gRPC
+            print(f"pserver {endpoint}: no TCP data plane ({e}); the trainers it would serve use gRPC",
                   file=sys.stderr, flush=True)
         else:
             plane.tcp = tcp
